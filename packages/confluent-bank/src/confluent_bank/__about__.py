@@ -1,0 +1,3 @@
+"""Version of the ``confluent-bank`` distribution (read by hatchling and the release check)."""
+
+__version__ = "0.1.0"
