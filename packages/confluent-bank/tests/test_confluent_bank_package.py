@@ -20,7 +20,9 @@ def test_version_comes_from_about_and_is_semver():
 
 
 def test_every_public_name_is_importable_from_the_root():
-    assert len(set(confluent_bank.__all__)) == len(confluent_bank.__all__), "duplicate names in __all__"
+    assert len(set(confluent_bank.__all__)) == len(confluent_bank.__all__), (
+        "duplicate names in __all__"
+    )
     for name in confluent_bank.__all__:
         assert hasattr(confluent_bank, name), f"{name} is in __all__ but not importable"
 
@@ -29,7 +31,10 @@ def test_every_public_callable_and_class_has_a_docstring():
     undocumented = [
         name
         for name in confluent_bank.__all__
-        if (inspect.isclass(getattr(confluent_bank, name)) or inspect.isfunction(getattr(confluent_bank, name)))
+        if (
+            inspect.isclass(getattr(confluent_bank, name))
+            or inspect.isfunction(getattr(confluent_bank, name))
+        )
         and not inspect.getdoc(getattr(confluent_bank, name))
     ]
     assert undocumented == []

@@ -20,7 +20,9 @@ def test_version_comes_from_about_and_is_semver():
 
 
 def test_every_public_name_is_importable_from_the_root():
-    assert len(set(hybrid_kernels.__all__)) == len(hybrid_kernels.__all__), "duplicate names in __all__"
+    assert len(set(hybrid_kernels.__all__)) == len(hybrid_kernels.__all__), (
+        "duplicate names in __all__"
+    )
     for name in hybrid_kernels.__all__:
         assert hasattr(hybrid_kernels, name), f"{name} is in __all__ but not importable"
 
@@ -29,7 +31,10 @@ def test_every_public_callable_and_class_has_a_docstring():
     undocumented = [
         name
         for name in hybrid_kernels.__all__
-        if (inspect.isclass(getattr(hybrid_kernels, name)) or inspect.isfunction(getattr(hybrid_kernels, name)))
+        if (
+            inspect.isclass(getattr(hybrid_kernels, name))
+            or inspect.isfunction(getattr(hybrid_kernels, name))
+        )
         and not inspect.getdoc(getattr(hybrid_kernels, name))
     ]
     assert undocumented == []

@@ -12,11 +12,90 @@ private-by-convention concept module.
 from confluent_bank.__about__ import __version__
 
 # --- bank core (owner: bank-core helper) ---
+from confluent_bank._host import snapshot_digest
+from confluent_bank.activations import (
+    ActivationSpec,
+    get_activation,
+    sigma_tower,
+    sigma_tower_rows,
+)
+from confluent_bank.atoms import collision_atom, moment_atom, retract_spread
+from confluent_bank.bank import (
+    PARAMETER_NAMES,
+    STATE_NAMES,
+    ConfluentPackBank,
+    bank_forward,
+    bank_slot_terms,
+    init_confluent_bank,
+)
+from confluent_bank.bounds import (
+    cluster_remainder,
+    derivative_bound,
+    pair_derivative_error,
+    pair_series_error,
+    within_error_budget,
+)
+from confluent_bank.checkpoint import bank_from_checkpoint, load_checkpoint, save_checkpoint
+from confluent_bank.legacy import AdaptivePackBank, init_pack_bank, legacy_forward, migrate_legacy
+from confluent_bank.moments import Interval, MomentInitialization, initialize_moments, pair_moments
+from confluent_bank.records import RefinedPack, SlotUpdate, TransitionProposal
 
 # --- transitions (owner: transitions helper) ---
+from confluent_bank.commit import commit_transition, detect_transitions
+from confluent_bank.transport import (
+    ExactTransportAdapter,
+    NamedMomentState,
+    OptimizerStateAdapter,
+    permute_bank,
+    relabel_tanh_sign,
+    reset_slot_state,
+    transport_optimizer_state,
+)
 
 __all__ = [
     "__version__",
     # --- bank core names ---
+    "PARAMETER_NAMES",
+    "STATE_NAMES",
+    "ActivationSpec",
+    "ConfluentPackBank",
+    "RefinedPack",
+    "SlotUpdate",
+    "TransitionProposal",
+    "bank_forward",
+    "bank_slot_terms",
+    "collision_atom",
+    "get_activation",
+    "init_confluent_bank",
+    "moment_atom",
+    "retract_spread",
+    "sigma_tower",
+    "sigma_tower_rows",
+    "snapshot_digest",
+    "Interval",
+    "MomentInitialization",
+    "initialize_moments",
+    "pair_moments",
+    "AdaptivePackBank",
+    "bank_from_checkpoint",
+    "cluster_remainder",
+    "derivative_bound",
+    "init_pack_bank",
+    "legacy_forward",
+    "load_checkpoint",
+    "migrate_legacy",
+    "pair_derivative_error",
+    "pair_series_error",
+    "save_checkpoint",
+    "within_error_budget",
     # --- transition names ---
+    "ExactTransportAdapter",
+    "NamedMomentState",
+    "OptimizerStateAdapter",
+    "commit_transition",
+    "detect_transitions",
+    "permute_bank",
+    "relabel_tanh_sign",
+    "reset_slot_state",
+    "transport_optimizer_state",
 ]

@@ -1,0 +1,178 @@
+"""The three atom kinds a bank slot can hold: ordinary, centred pair ("collision"), moments.
+
+All functions are elementwise and broadcast, so the bank evaluates them once for every slot at
+once (slots are a leading array axis).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from confluent_bank._host import SERIES_RADIUS, SERIES_TERMS
+from confluent_bank.activations import ActivationSpec, get_activation, sigma_tower
+
+
+def retract_spread(rho: Array) -> Array:
+    """Project spreads onto `ρ ≥ 0`: `where(ρ ≥ 0, ρ, 0)`.
+
+    The derivative is exactly 1 at `ρ = 0` and 0 for negative `ρ`.
+    """
+    rho = jnp.asarray(rho)
+    return jnp.where(rho >= 0, rho, jnp.zeros_like(rho))
+
+
+def _pair_spec(activation: str | ActivationSpec) -> ActivationSpec:
+    spec = get_activation(activation)
+    if spec.name not in ("sigmoid", "tanh"):
+        raise ValueError(f"the centred pair supports sigmoid and tanh only, got {spec.name!r}")
+    return spec
+
+
+def _g(u: Array) -> Array:
+    """`(1 − e^{−2u}) / (2u)` for `u > 0`, without cancellation."""
+    return -jnp.expm1(-2 * u) / (2 * u)
+
+
+def _finite_pair(name: str, z: Array, u: Array, eta: Array) -> tuple[Array, Array]:
+    # σ(z+u) − σ(z−u) = σ(z+u)·σ(u−z)·(1 − e^{−2u}): no two close activation values are
+    # subtracted, so the difference quotient keeps full relative accuracy.
+    sigmoid = jax.nn.sigmoid
+    if name == "sigmoid":
+        plus, minus, cross = sigmoid(z + u), sigmoid(z - u), sigmoid(u - z)
+        return (plus + minus) * 0.5, eta * plus * cross * _g(u)
+    zz, uu = 2 * z, 2 * u  # tanh(y) = 2σ(2y) − 1
+    plus, minus, cross = sigmoid(zz + uu), sigmoid(zz - uu), sigmoid(uu - zz)
+    return 2 * ((plus + minus) * 0.5) - 1, 2 * (eta * 2 * plus * cross * _g(uu))
+
+
+def _pair_terms(
+    name: str,
+    z: Array,
+    rho: Array,
+    eta: Array,
+    tower: Sequence[Array] | Array,
+    series_terms: int = SERIES_TERMS,
+    series_radius: float = SERIES_RADIUS,
+) -> tuple[Array, Array]:
+    """`(A, B)` of the centred pair; `tower[k]` (a stacked tower or a tuple of rows) must hold
+    `σ^(k)(z)` for `k < 2·series_terms`."""
+    p = retract_spread(rho)
+    near = p * eta**2 <= series_radius**2
+    # Safe stand-ins: the discarded branch must not produce inf/NaN (its zero cotangent would
+    # turn into a NaN gradient), and huge spreads must not overflow the discarded powers ρ^k.
+    h = jnp.sqrt(jnp.where(near, jnp.ones_like(p), p))
+    u = jnp.where(near, jnp.ones_like(h * eta), jnp.abs(h * eta))
+    a_finite, b_finite = _finite_pair(name, z, u, eta)
+    r = jnp.where(near, p, jnp.zeros_like(p))
+    e = jnp.where(near, eta, jnp.zeros_like(eta))
+    # Accumulated in increasing k, elementwise (so XLA fuses it with everything around it).
+    # 0^0 = 1, so at ρ = 0 only the k = 0 terms survive: A = σ(z), B = η σ'(z) exactly.
+    a_series = tower[0] * (r**0 * e**0) / 1
+    b_series = tower[1] * (r**0 * e**1) / 1
+    for k in range(1, series_terms):
+        a_series = a_series + tower[2 * k] * (r**k * e ** (2 * k)) / math.factorial(2 * k)
+        b_series = b_series + tower[2 * k + 1] * (r**k * e ** (2 * k + 1)) / math.factorial(
+            2 * k + 1
+        )
+    return jnp.where(near, a_series, a_finite), jnp.where(near, b_series, b_finite)
+
+
+def collision_atom(
+    z: Array,
+    rho: Array,
+    eta: Array,
+    m0: Array,
+    m1: Array,
+    *,
+    activation: str | ActivationSpec = "sigmoid",
+    tower: Array | None = None,
+    series_terms: int = SERIES_TERMS,
+    series_radius: float = SERIES_RADIUS,
+) -> Array:
+    """The centred pair `m0·A(z, ρ, η) + m1·B(z, ρ, η)` with `ρ = h²`.
+
+    `A = [σ(z + hη) + σ(z − hη)]/2` and `B = [σ(z + hη) − σ(z − hη)]/(2h)` (`B = η σ'(z)` at
+    `ρ = 0`). Near the collision (`|hη| ≤ series_radius`) a `series_terms`-term power series in
+    `ρ` is used, so values and all `ρ`-derivatives stay finite at `ρ = 0`; elsewhere a
+    cancellation-free closed form. Negative spreads are treated as 0.
+
+    **Arguments:**
+
+    - `z`: argument, any shape; `rho`, `eta`, `m0`, `m1` broadcast against it.
+    - `rho`: spread `ρ = h²`.
+    - `eta`: direction value `η`.
+    - `m0`, `m1`: even and odd moments.
+    - `activation`: `"sigmoid"` (alias `"logistic"`) or `"tanh"`.
+    - `tower`: optional precomputed `sigma_tower(activation, z, K)` with `K ≥ 2·series_terms − 1`.
+    - `series_terms`: number of series terms `T ≥ 1` (default 6).
+    - `series_radius`: series radius `0 < r ≤ 0.1` (default 0.01).
+
+    **Returns:** an array of the broadcast shape.
+    """
+    spec = _pair_spec(activation)
+    if series_terms < 1:
+        raise ValueError(f"series_terms must be >= 1, got {series_terms}")
+    if not 0 < series_radius <= 0.1:
+        raise ValueError(f"series_radius must be in (0, 0.1], got {series_radius}")
+    z = jnp.asarray(z)
+    if tower is None:
+        tower = sigma_tower(spec, z, 2 * series_terms - 1)
+    elif tower.shape[0] <= 2 * series_terms - 1:
+        raise ValueError(
+            f"the tower needs more than {2 * series_terms - 1} rows for {series_terms} series "
+            f"terms, got {tower.shape[0]}"
+        )
+    a, b = _pair_terms(
+        spec.name,
+        z,
+        jnp.asarray(rho),
+        jnp.asarray(eta),
+        tower,
+        series_terms,
+        series_radius,
+    )
+    return m0 * a + m1 * b
+
+
+def _moment_sum(coefficients: Sequence[Array], tower: Sequence[Array] | Array) -> Array:
+    """`Σ_k coefficients[k] · tower[k]`, accumulated in increasing k."""
+    total = coefficients[0] * tower[0]
+    for k in range(1, len(coefficients)):
+        total = total + coefficients[k] * tower[k]
+    return total
+
+
+def moment_atom(
+    z: Array,
+    moments: Array,
+    *,
+    activation: str | ActivationSpec = "sigmoid",
+    tower: Array | None = None,
+) -> Array:
+    """Truncated moment expansion `Σ_{k=0}^{n} M_k · σ^(k)(z)` with `n = len(M) − 1`.
+
+    **Arguments:**
+
+    - `z`: argument, any shape.
+    - `moments`: 1-D, non-empty Taylor-normalised moments `M`.
+    - `activation`: activation name or spec.
+    - `tower`: optional precomputed tower with at least `n + 1` rows.
+    """
+    moments = jnp.asarray(moments)
+    if moments.ndim != 1 or moments.shape[0] == 0:
+        raise ValueError(f"moments must be a non-empty 1-D array, got shape {moments.shape}")
+    order = moments.shape[0] - 1
+    z = jnp.asarray(z)
+    if tower is None:
+        tower = sigma_tower(activation, z, order)
+    elif tower.shape[0] < order + 1:
+        raise ValueError(
+            f"the tower needs at least {order + 1} rows for {order + 1} moments, "
+            f"got {tower.shape[0]}"
+        )
+    return _moment_sum([moments[k] for k in range(order + 1)], tower)

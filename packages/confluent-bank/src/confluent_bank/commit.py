@@ -1,0 +1,228 @@
+"""Committing proposals: the functional host transaction and the pair search built on it.
+
+A commit reads the bank's state from the device once, checks that the proposal was made
+from exactly this state (version and digest), asks the caller's acceptance callback, applies
+the updates to host copies of the touched blocks, and puts them back on the device in one
+transfer. Rejection, by the acceptance callback or the postcondition, returns the very same
+bank and optimizer-state objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import jax
+import numpy as np
+
+from confluent_bank._host import STATE_NAMES
+from confluent_bank.proposals import _HostBank, _pair_proposal
+from confluent_bank.records import SlotUpdate, TransitionProposal
+from confluent_bank.transport import (
+    NamedMomentState,
+    OptimizerStateAdapter,
+    reset_slot_state,
+)
+
+if TYPE_CHECKING:
+    from confluent_bank.bank import ConfluentPackBank
+
+StateT = TypeVar("StateT")
+
+__all__ = ["commit_transition", "detect_transitions"]
+
+_FIXED_BLOCKS = ("slot_ids", "transition_version")
+
+
+def _apply_updates(
+    host: Mapping[str, np.ndarray], updates: Sequence[SlotUpdate], slots: Sequence[int]
+) -> dict[str, np.ndarray]:
+    """Apply `updates` in order to copies of the touched host blocks; return those blocks."""
+    changed: dict[str, np.ndarray] = {}
+    for update in updates:
+        name = update.name
+        if name not in STATE_NAMES or name in _FIXED_BLOCKS:
+            raise ValueError(
+                "proposal may only update representation tensors; got block "
+                f"{name!r} (slot_ids and transition_version are fixed)"
+            )
+        block = changed.get(name)
+        if block is None:
+            block = host[name]
+        if block.ndim == 0 or update.index not in slots:
+            raise ValueError(
+                f"update must refer to an affected slot; {name}[{update.index}] is not one of "
+                f"the proposal's slot positions {tuple(slots)}"
+            )
+        raw = np.asarray(update.value)
+        value = raw.astype(block.dtype)
+        if value.shape != block.shape[1:]:
+            raise ValueError(
+                f"slot update shape does not match the preallocated row: {name} rows have "
+                f"shape {block.shape[1:]}, the update has shape {value.shape}"
+            )
+        if block.dtype.kind in "biu" and not np.array_equal(value, raw):
+            # A cast must never change an integer or flag: 1.5 is not a mode, 2 is not a flag.
+            raise ValueError(
+                f"update value {update.value!r} for {name} is not representable as {block.dtype}"
+            )
+        if name not in changed:
+            block = block.copy()
+            changed[name] = block
+        block[update.index] = value
+    return changed
+
+
+def _candidate(bank: Any, host: Mapping[str, np.ndarray], changed: dict[str, np.ndarray]) -> Any:
+    """The bank with `changed` blocks and the next version, put on the device in one call."""
+    version = host["transition_version"]
+    changed = {**changed, "transition_version": np.asarray(version + 1, dtype=version.dtype)}
+    names = tuple(changed)
+    originals = [getattr(bank, name) for name in names]
+    shardings = [getattr(leaf, "sharding", None) for leaf in originals]
+    values = [changed[name] for name in names]
+    if all(sharding is not None for sharding in shardings):
+        arrays = jax.device_put(values, shardings)
+    else:
+        arrays = jax.device_put(values)
+    return dataclasses.replace(bank, **dict(zip(names, arrays, strict=True)))
+
+
+def commit_transition(
+    bank: ConfluentPackBank,
+    proposal: TransitionProposal,
+    optimizer_state: StateT,
+    *,
+    between_steps: bool,
+    acceptance: Callable[[ConfluentPackBank, TransitionProposal], bool],
+    postcondition: Callable[[ConfluentPackBank], bool] | None = None,
+    state_adapter: OptimizerStateAdapter[StateT] | None = None,
+) -> tuple[ConfluentPackBank, StateT, bool]:
+    """Apply a proposal as one functional host transaction; rejection returns the originals.
+
+    Steps, in order: the between-steps guard; the staleness check (version, then digest of
+    the current state); mapping stable ids to positions; `acceptance(bank, proposal)`
+    (falsy → `(bank, optimizer_state, False)`, the same objects, before anything is
+    built); applying the updates in order; the candidate with `transition_version + 1`; the
+    optimizer state (`state_adapter(state, candidate, slots)`, or `reset_slot_state` for a
+    `NamedMomentState`); `postcondition(candidate)` (falsy → the originals and `False`).
+
+    The bank is read from the device once; the touched blocks go back in one transfer.
+    The acceptance callback is where an `error_budget` is judged (see `within_error_budget`).
+
+    **Arguments:**
+
+    - `bank`: the `ConfluentPackBank` the proposal was made from.
+    - `proposal`: a `TransitionProposal`.
+    - `optimizer_state`: a `NamedMomentState`, or any state `state_adapter` understands.
+    - `between_steps`: must be `True`.
+    - `acceptance`: `(bank, proposal) -> bool`.
+    - `postcondition`: optional `(candidate) -> bool`, checked last.
+    - `state_adapter`: an `OptimizerStateAdapter`, e.g. `confluent_bank.optax.commit_adapter()`.
+
+    **Returns:** `(bank', state', accepted)`.
+
+    **Raises:** `RuntimeError` ("between") outside an inter-step window; `ValueError` for a
+    stale proposal ("stale"), unknown stable ids, or an update that names a fixed or unknown
+    block, a slot outside the proposal, a wrong row shape or a value the block's dtype cannot
+    hold; `TypeError` ("explicit") for a non-`NamedMomentState` state without adapter.
+    """
+    if not between_steps:
+        raise RuntimeError(
+            "commit only between optimizer steps; pass between_steps=True once the last "
+            "update has been applied"
+        )
+    if not isinstance(proposal, TransitionProposal):
+        raise TypeError(f"proposal must be a TransitionProposal, got {type(proposal).__name__}")
+    view = _HostBank.read(bank)
+    if proposal.source_version != view.version or proposal.source_digest != view.digest:
+        raise ValueError(
+            "stale transition proposal: it was made from version "
+            f"{proposal.source_version} (digest {proposal.source_digest[:12]}…), the bank is at "
+            f"version {view.version} (digest {view.digest[:12]}…); propose again"
+        )
+    ids = [int(i) for i in view.host["slot_ids"]]
+    unknown = [i for i in proposal.slot_ids if i not in ids]
+    if unknown:
+        raise ValueError(f"proposal contains unknown stable slot IDs {unknown}; bank has {ids}")
+    slots = tuple(ids.index(i) for i in proposal.slot_ids)
+    if not acceptance(bank, proposal):
+        return bank, optimizer_state, False
+    candidate = _candidate(bank, view.host, _apply_updates(view.host, proposal.updates, slots))
+    if state_adapter is None:
+        if not isinstance(optimizer_state, NamedMomentState):
+            raise TypeError(
+                "unknown optimizer state requires an explicit OptimizerStateAdapter: got "
+                f"{type(optimizer_state).__module__}.{type(optimizer_state).__qualname__}; pass "
+                "state_adapter=... (confluent_bank.optax.commit_adapter() for optax states)"
+            )
+        next_state: Any = reset_slot_state(optimizer_state, candidate, slots)
+    else:
+        next_state = state_adapter(optimizer_state, candidate, slots)
+    if postcondition is not None and not postcondition(candidate):
+        return bank, optimizer_state, False
+    return candidate, next_state, True
+
+
+def _score(conditioning_score: Callable[[Any], Any], bank: Any) -> float:
+    value = conditioning_score(bank)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"conditioning_score must return a real number, got {type(value).__name__}"
+        ) from None
+
+
+def detect_transitions(
+    bank: ConfluentPackBank,
+    conditioning_score: Callable[[ConfluentPackBank], float],
+    *,
+    error_budget: float = 0.0,
+) -> tuple[TransitionProposal, ...]:
+    """Rank every valid ordinary pair merge by how much it improves a score.
+
+    For each position pair `first < second` (lexicographic) whose `propose_pair` rule holds,
+    the committed candidate (exactly what `commit_transition` would build, version
+    included) is scored; proposals with `gain = score(candidate) − score(bank) > 0` are
+    returned, largest gain first, ties by ascending stable-id tuple. The result is the same
+    as proposing and committing pair by pair, but the bank is read from the device once, one
+    digest is computed, and each candidate is built directly from host arrays with one
+    device transfer.
+
+    All returned proposals share one source digest: after committing one, the others are
+    stale and the search must be rerun.
+
+    **Arguments:**
+
+    - `bank`: a `ConfluentPackBank`.
+    - `conditioning_score`: `(bank) -> float`, larger is better.
+    - `error_budget`: recorded on every proposal (pair merges are exact; default 0).
+
+    **Returns:** a tuple of `TransitionProposal`s.
+
+    **Raises:** `ValueError` for a negative or non-finite `error_budget`; `TypeError` if the
+    score is not a real number.
+    """
+    if isinstance(error_budget, bool) or not isinstance(error_budget, numbers.Real):
+        raise TypeError(f"error_budget must be a real number, got {error_budget!r}")
+    if not math.isfinite(float(error_budget)) or error_budget < 0:
+        raise ValueError(f"error_budget must be a finite non-negative number, got {error_budget!r}")
+    baseline = _score(conditioning_score, bank)
+    view = _HostBank.read(bank)
+    ranked: list[tuple[float, tuple[int, ...], TransitionProposal]] = []
+    for first in range(view.max_packs):
+        for second in range(first + 1, view.max_packs):
+            try:
+                proposal = _pair_proposal(view, first, second, error_budget)
+            except ValueError:
+                continue
+            changed = _apply_updates(view.host, proposal.updates, (first, second))
+            gain = _score(conditioning_score, _candidate(bank, view.host, changed)) - baseline
+            if gain > 0:
+                ranked.append((-gain, proposal.slot_ids, proposal))
+    ranked.sort(key=lambda item: (item[0], item[1]))
+    return tuple(item[2] for item in ranked)

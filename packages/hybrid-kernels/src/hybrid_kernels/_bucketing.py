@@ -1,0 +1,167 @@
+"""Bucketing: scattering experiments onto union axes, bin policies, and stacking.
+
+**Policies** decide which union length each experiment is stacked at.
+
+Every distinct bucket length is one compiled kernel shape (per kernel), and ODE kernels take
+seconds to compile. The `"padded"` policy therefore bins the distinct lengths into at most
+`max_shapes` bins, choosing the bin edges that minimise the number of padded cells (an exact
+dynamic programme over the sorted distinct lengths).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+BUCKET_POLICIES = frozenset({"padded", "exact"})
+
+
+def choose_bins(lengths: np.ndarray, policy: str, max_shapes: int) -> np.ndarray:
+    """The bucket length each experiment is padded to (`lengths` itself under `"exact"`)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if policy == "exact":
+        return lengths
+    distinct, counts = np.unique(lengths, return_counts=True)
+    if distinct.size <= max_shapes:
+        return lengths
+    edges = _optimal_edges(distinct, counts, max_shapes)
+    return edges[np.searchsorted(edges, lengths)]
+
+
+def _optimal_edges(distinct: np.ndarray, counts: np.ndarray, k: int) -> np.ndarray:
+    """Upper edges of at most `k` contiguous bins over sorted `distinct` lengths.
+
+    Cost of a bin holding distinct lengths i..j is sum_{l in i..j} count_l * (L_j - L_l),
+    i.e. the padded cells per channel. Solved exactly in O(k m^2) with NumPy rows.
+    """
+    m = distinct.size
+    c = np.concatenate([[0], np.cumsum(counts)])  # prefix counts
+    s = np.concatenate([[0], np.cumsum(counts * distinct)])  # prefix count * length
+    big = np.iinfo(np.int64).max // 4
+    i = np.arange(m)[:, None]
+    j = np.arange(m)[None, :]
+    # cost[i, j]: one bin covering distinct[i..j], padded to distinct[j] (inf when i > j).
+    cost = np.where(i <= j, (c[j + 1] - c[i]) * distinct[j] - (s[j + 1] - s[i]), big)
+    # With m > k distinct lengths, exactly k bins is optimal (splitting a bin never costs).
+    dp = cost[0].copy()  # dp[j]: best cost of 0..j with b + 1 bins
+    starts = np.zeros((k, m), dtype=np.int64)
+    for b in range(1, k):
+        cand = dp[:-1, None] + cost[1:, :]  # last bin starts at i + 1
+        arg = np.argmin(cand, axis=0)
+        dp = np.minimum(cand[arg, np.arange(m)], big)
+        starts[b] = arg + 1
+    edges, j = [], m - 1
+    for b in range(k - 1, -1, -1):
+        edges.append(distinct[j])
+        j = starts[b][j] - 1
+        if j < 0:
+            break
+    return np.array(sorted(edges), dtype=np.int64)
+
+
+def validate_experiments(experiments: tuple[Any, ...], names: tuple[str, ...]) -> None:
+    """make_dataset's checks; every message names the offending experiment."""
+    if not names:
+        raise ValueError("make_dataset: `output_channel_names` is empty; name at least one.")
+    if len(set(names)) != len(names):
+        raise ValueError(f"make_dataset: `output_channel_names` repeats a name: {names}.")
+    first = experiments[0]
+    ref = {k: np.shape(v) for k, v in first.covariates.items()}
+    for exp in experiments:
+        shapes = {k: np.shape(v) for k, v in exp.covariates.items()}
+        if set(shapes) != set(ref):
+            raise ValueError(
+                f"make_dataset: experiment {exp.exp_id!r} has covariates {sorted(shapes)}, "
+                f"but experiment {first.exp_id!r} has {sorted(ref)}; all must match."
+            )
+        for k, shape in shapes.items():
+            if shape != ref[k]:
+                raise ValueError(
+                    f"make_dataset: experiment {exp.exp_id!r} covariate {k!r} has shape {shape}, "
+                    f"expected {ref[k]} as in experiment {first.exp_id!r}."
+                )
+        if exp.y0.shape != first.y0.shape:
+            raise ValueError(
+                f"make_dataset: experiment {exp.exp_id!r} has y0 shape {exp.y0.shape}, "
+                f"expected {first.y0.shape} as in experiment {first.exp_id!r}."
+            )
+        missing = [n for n in names if n not in exp.channels]
+        if missing:
+            raise ValueError(
+                f"make_dataset: experiment {exp.exp_id!r} has no channel(s) {missing}; "
+                f"it defines {sorted(exp.channels)}."
+            )
+
+
+def scatter(exp: Any, names: tuple[str, ...], dtype: np.dtype):
+    """One experiment onto its union axis: (ts [T], y [T, D], var [T, D], mask [T, D])."""
+    chans = [exp.channels[n] for n in names]
+    # Times are matched after rounding to the least precise float dtype present, so one decimal
+    # time given in float32 in one channel and float64 in another is one row, not two.
+    key_dtype = min((c.ts.dtype for c in chans), key=lambda d: np.dtype(d).itemsize)
+    keys = [c.ts.astype(key_dtype) for c in chans]
+    union = np.unique(np.concatenate(keys))
+    if union.size == 0:
+        raise ValueError(
+            f"make_dataset: experiment {exp.exp_id!r} has no timestamps in channels {names}."
+        )
+    T, D = union.size, len(names)
+    y = np.zeros((T, D), dtype)
+    var = np.ones((T, D), dtype)
+    mask = np.zeros((T, D), bool)
+    for d, (c, k) in enumerate(zip(chans, keys, strict=True)):
+        if c.is_probe:
+            continue
+        rows = np.searchsorted(union, k)
+        y[rows, d] = c.values
+        var[rows, d] = c.variance
+        mask[rows, d] = True
+    return union.astype(dtype), y, var, mask
+
+
+def stack_bucket(exps, scattered, T: int, n_devices: int, dtype: np.dtype):
+    """Pad each row to length T, pad rows to a multiple of `n_devices`, and stack."""
+    n_real = len(exps)
+    n_rows = math.ceil(n_real / n_devices) * n_devices
+    D = scattered[0][1].shape[1]
+    ts = np.empty((n_rows, T), dtype)
+    y = np.zeros((n_rows, T, D), dtype)
+    var = np.ones((n_rows, T, D), dtype)
+    mask = np.zeros((n_rows, T, D), bool)
+    lengths = np.empty((n_rows,), np.int32)
+    for n in range(n_rows):
+        # Padding rows copy row 0's times and inputs so their (discarded) solve is a benign one.
+        t, yy, vv, mm = scattered[n] if n < n_real else scattered[0]
+        L = t.shape[0]
+        ts[n, :L] = t
+        ts[n, L:] = t[-1]  # repeating the last time leaves the integration unchanged
+        lengths[n] = L
+        if n < n_real:
+            y[n, :L], var[n, :L], mask[n, :L] = yy, vv, mm
+    src = [*exps, *[exps[0]] * (n_rows - n_real)]
+    covs = {
+        k: np.stack([_cast(e.covariates[k], dtype) for e in src])
+        for k in sorted(exps[0].covariates)
+    }
+    y0 = np.stack([e.y0.astype(dtype) if e.y0.dtype.kind == "f" else e.y0 for e in src])
+    weights = np.zeros((n_rows,), dtype)
+    weights[:n_real] = 1
+    fields = dict(
+        ts=ts,
+        y_observed=y,
+        yvar=var,
+        mask=mask,
+        covariates=covs,
+        y0=y0.astype(dtype),
+        n_obs=np.asarray(mask.sum(), dtype=np.int32),
+        row_weights=weights,
+        row_lengths=lengths,
+    )
+    ids = tuple(e.exp_id for e in exps) + ("",) * (n_rows - n_real)
+    return fields, ids
+
+
+def _cast(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    return x.astype(dtype) if x.dtype.kind == "f" else x

@@ -1,0 +1,163 @@
+"""Host side of every kernel call: argument coercion, first-use checks, dispatch.
+
+Everything here runs in Python before a compiled kernel is dispatched, so it is kept cheap:
+one flatten of the predictors per call, cached scalar arrays, and a shape key that is a handful
+of tuples. The compiled bodies live in `hybrid_kernels.kernels`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+from jaxtyping import Array
+
+from hybrid_kernels import _preflight as pf
+from hybrid_kernels._dtypes import default_float
+from hybrid_kernels.data import BucketPayload
+from hybrid_kernels.solver import SolverConfig
+
+
+def _is_weak(x: Any) -> bool:
+    return isinstance(x, jax.Array) and x.weak_type
+
+
+def _strong_flat(tree: Any) -> tuple[Any, Any]:
+    """`(tree with weak-typed array leaves made strong, treedef)`, flattening only once."""
+    leaves, treedef = jtu.tree_flatten(tree)
+    if any(_is_weak(x) for x in leaves):
+        leaves = [jnp.asarray(x, dtype=x.dtype) if _is_weak(x) else x for x in leaves]
+        tree = jtu.tree_unflatten(treedef, leaves)
+    return tree, treedef
+
+
+def _strong(tree: Any) -> Any:
+    """Give weak-typed array leaves a strong type, so an update never changes the cache key."""
+    return _strong_flat(tree)[0]
+
+
+_SCALARS: dict[tuple, Array] = {}
+
+
+def _scalar(x: Any) -> Array:
+    """`x` as a strong array of jax's default float dtype; Python numbers are cached.
+
+    Caching means a loop passing the same Python float every step pays no host-to-device
+    transfer per call.
+    """
+    dt = default_float()
+    if isinstance(x, jax.Array):
+        return x if x.dtype == dt and not x.weak_type else jnp.asarray(x, dtype=dt)
+    if type(x) in (float, int):
+        key = (x, dt)
+        arr = _SCALARS.get(key)
+        if arr is None:
+            if len(_SCALARS) >= 4096:
+                _SCALARS.clear()
+            arr = _SCALARS[key] = jnp.asarray(x, dtype=dt)
+        return arr
+    return jnp.asarray(x, dtype=dt)
+
+
+def _shape_key(treedef: Any, bp: Any) -> tuple:
+    """What a first-use check depends on: the predictors' structure and the bucket's shape."""
+    return (
+        treedef,
+        bp.ts.shape,
+        bp.ts.dtype,
+        bp.y0.shape,
+        bp.y0.dtype,
+        bp.y_observed.shape,
+        bp.y_observed.dtype,
+    )
+
+
+def _check_build(where: str, simulate_fn, state_to_output, solver, loss_fn) -> None:
+    if not isinstance(solver, SolverConfig):
+        raise TypeError(f"{where}: `solver` must be a SolverConfig, got {type(solver).__name__}.")
+    for name, fn in (
+        ("simulate_fn", simulate_fn),
+        ("state_to_output", state_to_output),
+        ("loss_fn", loss_fn),
+    ):
+        if not callable(fn):
+            raise TypeError(f"{where}: `{name}` must be callable, got {type(fn).__name__}.")
+
+
+def _check_tp(fn: Callable | None, weight: Any) -> None:
+    pf.check_weight(weight, "trajectory_penalty_weight")
+    if fn is None and not isinstance(weight, jax.core.Tracer) and float(weight) != 0.0:
+        raise ValueError(
+            "`trajectory_penalty_weight` is non-zero but `trajectory_penalty_fn` is None; "
+            "pass the penalty function too."
+        )
+
+
+def _explain_backsolve(error: Exception, solver: SolverConfig) -> None:
+    """Turn JAX's closed-over custom_vjp error into the recipe a BacksolveAdjoint user needs."""
+    if isinstance(solver.adjoint, diffrax.BacksolveAdjoint) and "closed-over value" in str(error):
+        raise ValueError(
+            "BacksolveAdjoint only differentiates values passed through diffrax `args`, but "
+            "simulate_fn closes over trainable predictors. Pass them explicitly: "
+            "`solver.diffeqsolve(term, ts, y0, args=predictors)` and read them from the vector "
+            "field's `args`, or use RecursiveCheckpointAdjoint / DirectAdjoint."
+        ) from error
+
+
+class _BucketKernel:
+    """Host wrapper around one jitted bucket function: coercion, first-use checks, dispatch."""
+
+    def __init__(self, jitted, objective, trainable, tp_weight, return_status, where):
+        # The jitted function is module-level and takes the objective (and mask) as static
+        # arguments: kernels built from equal arguments share one compile cache, so rebuilding
+        # a kernel (a new run, an ensemble member, an optimiser reset) never recompiles.
+        static = (objective,) if trainable is None else (objective, trainable)
+        self._jitted = functools.partial(jitted, *static)
+        self._lower = lambda *a: jitted.lower(*static, *a)
+        self._objective = objective
+        self._trainable = trainable
+        self._tp_weight = tp_weight
+        self._return_status = return_status
+        self._where = where
+        self._seen: set = set()
+
+    def __call__(self, predictors, bp, length_mask_fraction, trajectory_penalty_weight=None):
+        if not isinstance(bp, BucketPayload):
+            raise TypeError(
+                f"{self._where}: `bp` must be a BucketPayload, got {type(bp).__name__}."
+            )
+        predictors, treedef = _strong_flat(predictors)
+        if isinstance(length_mask_fraction, float | int):
+            pf.check_fraction(length_mask_fraction)
+        weight = self._tp_weight if trajectory_penalty_weight is None else trajectory_penalty_weight
+        # Python numbers are checked every call (free); an array weight is checked only when
+        # a shape is first used, so a loop passing device scalars never syncs with the host.
+        if trajectory_penalty_weight is not None and not isinstance(weight, jax.Array):
+            _check_tp(self._objective.trajectory_penalty_fn, weight)
+        key = _shape_key(treedef, bp)
+        if key not in self._seen:
+            pf.check_fraction(length_mask_fraction)
+            _check_tp(self._objective.trajectory_penalty_fn, weight)
+            if self._trainable is not None:
+                pf.check_trainable(self._trainable, predictors)
+            pf.check_dtypes(predictors, bp, self._where)
+            self._seen.add(key)
+        try:
+            out = self._jitted(predictors, bp, _scalar(length_mask_fraction), _scalar(weight))
+        except Exception as e:
+            _explain_backsolve(e, self._objective.solver)
+            raise
+        if self._return_status:
+            return out
+        value = out[:-1]  # drop the failure flags
+        return value[0] if len(value) == 1 else value
+
+    def lower(self, predictors, bp, length_mask_fraction, trajectory_penalty_weight=None):
+        """AOT-lower for one bucket shape (e.g. `.lower(...).compile()` to warm up)."""
+        weight = self._tp_weight if trajectory_penalty_weight is None else trajectory_penalty_weight
+        return self._lower(_strong(predictors), bp, _scalar(length_mask_fraction), _scalar(weight))

@@ -1,0 +1,437 @@
+# ruff: noqa: F722  (jaxtyping shape strings such as "N T D" are not Python expressions)
+"""Experiments, channels and the bucketed dataset the kernels consume.
+
+Data flows one way: :class:`ChannelObs` and :class:`Experiment` hold one experiment's sparse,
+per-channel observations on the host; :func:`make_dataset` scatters each experiment onto its own
+union time axis and stacks experiments into :class:`BucketPayload` buckets of equal shape. Each
+bucket shape is one compiled kernel, so the bucket policy (see
+`hybrid_kernels._bucketing`) is what bounds the compile count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int
+
+from hybrid_kernels._bucketing import (
+    BUCKET_POLICIES,
+    choose_bins,
+    scatter,
+    stack_bucket,
+    validate_experiments,
+)
+from hybrid_kernels._dtypes import resolve_dtype
+
+__all__ = [
+    "BucketPayload",
+    "ChannelObs",
+    "Dataset",
+    "Experiment",
+    "describe_buckets",
+    "failed_exp_ids",
+    "make_bootstrap_dataset",
+    "make_dataset",
+    "make_experiment",
+    "split_dataset",
+]
+
+
+class ChannelObs(eqx.Module):
+    """One measured quantity of one experiment: sparse observations at their own times.
+
+    **Arguments:**
+
+    - `ts`: observation times `[Tc]`, finite and distinct; need not be sorted.
+    - `values`: observed values `[Tc]`, finite. An empty `values` with non-empty `ts` is a
+        *probe* channel: its times shape the integration grid but nothing is observed.
+    - `variance`: observation variance, a positive scalar (broadcast) or `[Tc]`.
+
+    Arrays are kept as host NumPy arrays at their given precision, so the dataset's
+    `dtype` option (not the jax x64 flag at construction time) decides the stored precision.
+    """
+
+    ts: np.ndarray
+    values: np.ndarray
+    variance: np.ndarray
+
+    def __init__(self, ts: Any, values: Any, variance: Any = 1.0):
+        ts = _as_float_array(ts, "ts")
+        values = _as_float_array(values, "values")
+        if ts.ndim != 1:
+            raise ValueError(f"ChannelObs: `ts` must be rank-1, got shape {ts.shape}.")
+        if values.ndim != 1:
+            raise ValueError(f"ChannelObs: `values` must be rank-1, got shape {values.shape}.")
+        probe = values.size == 0
+        if not probe and values.shape != ts.shape:
+            raise ValueError(
+                f"ChannelObs: `values` has shape {values.shape} but `ts` has shape {ts.shape}; "
+                "they must match (or `values` must be empty for a probe channel)."
+            )
+        variance = _as_float_array(variance, "variance")
+        if variance.ndim == 0:
+            variance = np.full(values.shape, variance, dtype=variance.dtype)
+        elif variance.shape != values.shape:
+            raise ValueError(
+                f"ChannelObs: `variance` must be a scalar or have the shape of `values` "
+                f"{values.shape}, got {variance.shape}."
+            )
+        if not np.all(np.isfinite(ts)):
+            raise ValueError("ChannelObs: `ts` must be finite.")
+        if np.unique(ts).size != ts.size:
+            raise ValueError("ChannelObs: `ts` must not repeat a time.")
+        if not np.all(np.isfinite(values)):
+            raise ValueError("ChannelObs: `values` must be finite.")
+        if not (np.all(np.isfinite(variance)) and np.all(variance > 0)):
+            raise ValueError("ChannelObs: `variance` must be finite and strictly positive.")
+        self.ts = ts
+        self.values = values
+        self.variance = variance
+
+    @property
+    def is_probe(self) -> bool:
+        """True when the channel has times but no observed values."""
+        return self.values.size == 0
+
+
+class Experiment(eqx.Module):
+    """One experiment: constant covariates, full initial state and observed channels.
+
+    Build it with [`hybrid_kernels.make_experiment`][]. `exp_id` is host-side only: it never
+    reaches a kernel, and [`hybrid_kernels.Dataset`][] keeps it to map rows back.
+    """
+
+    covariates: dict[str, np.ndarray]
+    y0: np.ndarray
+    channels: dict[str, ChannelObs]
+    exp_id: str = eqx.field(static=True, default="")
+
+
+def make_experiment(
+    *,
+    covariates: Mapping[str, Any],
+    channels: Mapping[str, ChannelObs],
+    y0_fn: Callable[[dict[str, Array], Mapping[str, ChannelObs]], Any],
+    exp_id: str = "",
+) -> Experiment:
+    """Validate and assemble one [`hybrid_kernels.Experiment`][].
+
+    **Arguments:**
+
+    - `covariates`: name → scalar or `[K]` value, constant in time.
+    - `channels`: name → [`hybrid_kernels.ChannelObs`][].
+    - `y0_fn`: `y0_fn(covariates_as_jax_arrays, channels) -> [S]`, the *full* initial state
+        (it may include unobserved components such as penalty accumulators).
+    - `exp_id`: a host-side name for error messages, failure reports and predictions.
+
+    **Returns:** the experiment. Raises `ValueError` naming `exp_id` on a rank>1 covariate or a
+    `y0` that is not rank-1.
+    """
+    covs: dict[str, np.ndarray] = {}
+    for name in sorted(covariates):
+        value = np.asarray(covariates[name])
+        if value.ndim > 1:
+            raise ValueError(
+                f"make_experiment({exp_id!r}): covariate {name!r} must be rank 0 or 1, "
+                f"got shape {value.shape}."
+            )
+        covs[name] = value
+    for name, ch in channels.items():
+        if not isinstance(ch, ChannelObs):
+            raise TypeError(
+                f"make_experiment({exp_id!r}): channel {name!r} must be a ChannelObs, "
+                f"got {type(ch).__name__}."
+            )
+    y0 = np.asarray(y0_fn({k: jnp.asarray(v) for k, v in covs.items()}, channels))
+    if y0.ndim != 1:
+        raise ValueError(
+            f"make_experiment({exp_id!r}): y0_fn must return a rank-1 state [S], "
+            f"got shape {y0.shape}."
+        )
+    return Experiment(covariates=covs, y0=y0, channels=dict(channels), exp_id=exp_id)
+
+
+class BucketPayload(NamedTuple):
+    """One bucket: `N` experiments stacked on a shared union length `T`.
+
+    Fields, in this order (the first seven are the seed's; the rest are ours):
+
+    - `ts` `[N, T]`: each row's sorted union time axis. Rows padded by the bucket policy
+        repeat their last time, so the solve is unchanged.
+    - `y_observed` `[N, T, D]`: observations, 0 where not observed.
+    - `yvar` `[N, T, D]`: observation variances, 1 where not observed.
+    - `mask` `[N, T, D]` bool: True only where a real measurement exists.
+    - `covariates`: name → `[N]` or `[N, K]`, keys sorted.
+    - `y0` `[N, S]`: full initial states.
+    - `n_obs` `[]` int32: `mask.sum()`.
+    - `row_weights` `[N]`: 1 for real rows, 0 for padding rows.
+    - `row_lengths` `[N]` int32: each row's own union length (before time padding). The
+        length mask takes its prefix per row, so padding never changes which cells are scored.
+
+    `row_weights` and `row_lengths` default to `None` (all rows real, of length `T`), so a
+    payload written by hand with the seed's seven fields still works.
+    """
+
+    ts: Float[Array, "N T"]
+    y_observed: Float[Array, "N T D"]
+    yvar: Float[Array, "N T D"]
+    mask: Bool[Array, "N T D"]
+    covariates: dict[str, Array]
+    y0: Float[Array, "N S"]
+    n_obs: Int[Array, ""]
+    row_weights: Float[Array, " N"] | None = None
+    row_lengths: Int[Array, " N"] | None = None
+
+
+class Dataset(eqx.Module):
+    """The bucketed dataset: what the kernels loop over.
+
+    - `bucket_payloads`: one [`hybrid_kernels.BucketPayload`][] per compiled shape, ascending `T`.
+    - `output_channel_names`: channel order along `D`.
+    - `covariate_names`: sorted covariate keys.
+    - `exp_ids`: for each bucket, the `exp_id` of each row (`""` for padding rows).
+    - `experiments`: the source experiments, so subsets can be re-bucketed.
+    - `bucket_policy`, `max_shapes`, `dtype`: the options it was built with; subsets reuse them.
+    """
+
+    bucket_payloads: tuple[BucketPayload, ...]
+    output_channel_names: tuple[str, ...] = eqx.field(static=True)
+    covariate_names: tuple[str, ...] = eqx.field(static=True)
+    exp_ids: tuple[tuple[str, ...], ...] = eqx.field(static=True)
+    experiments: tuple[Experiment, ...]
+    bucket_policy: str = eqx.field(static=True, default="padded")
+    max_shapes: int = eqx.field(static=True, default=8)
+    dtype: str = eqx.field(static=True, default="float32")
+    mesh: Any = eqx.field(static=True, default=None)
+
+    @property
+    def n_experiments(self) -> int:
+        """Number of real experiments (padding rows excluded)."""
+        return len(self.experiments)
+
+
+def make_dataset(
+    experiments: Sequence[Experiment],
+    *,
+    output_channel_names: Sequence[str],
+    bucket_policy: str = "padded",
+    max_shapes: int = 8,
+    dtype: Any = None,
+    mesh: jax.sharding.Mesh | None = None,
+) -> Dataset:
+    """Scatter experiments onto their union time axes and stack them into buckets.
+
+    **Arguments:**
+
+    - `experiments`: the experiments; all share one covariate key set and per-key shapes.
+    - `output_channel_names`: the observed channels, in `D` order; every experiment must define
+        each of them (extra channels are ignored).
+    - `bucket_policy`: `"padded"` (default) pads each experiment's time axis up to one of at
+        most `max_shapes` bin lengths, chosen to minimise padded cells, so the compile count is
+        bounded whatever the data. `"exact"` groups experiments by exact union length (one
+        compiled shape per distinct length, the peer's behaviour, no padding).
+    - `max_shapes`: the most distinct bucket lengths the `"padded"` policy may produce.
+    - `dtype`: storage dtype of every float array (`"float32"`, `"float64"`, or `None` for
+        jax's default float dtype, i.e. float64 exactly when `jax_enable_x64` is on).
+    - `mesh`: a `jax.sharding.Mesh` to shard each bucket's experiment axis over. When `None`
+        and more than one device is visible, all devices are used. Rows are then padded to a
+        multiple of the device count (masked, weight 0). See the guide's "Several devices" section.
+
+    **Returns:** a [`hybrid_kernels.Dataset`][]. Buckets come in ascending `T`; inside a bucket,
+    rows keep the experiments' input order.
+    """
+    from hybrid_kernels.sharding import place_bucket, resolve_mesh
+
+    experiments = tuple(experiments)
+    names = tuple(output_channel_names)
+    if bucket_policy not in BUCKET_POLICIES:
+        raise ValueError(
+            f"make_dataset: `bucket_policy` must be one of {sorted(BUCKET_POLICIES)}, "
+            f"got {bucket_policy!r}."
+        )
+    if isinstance(max_shapes, bool) or not isinstance(max_shapes, int) or max_shapes < 1:
+        raise ValueError(f"make_dataset: `max_shapes` must be a positive int, got {max_shapes!r}.")
+    np_dtype = resolve_dtype(dtype, "make_dataset")
+    if not experiments:
+        raise ValueError("make_dataset: `experiments` is empty; give at least one Experiment.")
+    for exp in experiments:
+        if not isinstance(exp, Experiment):
+            raise TypeError(
+                "make_dataset: `experiments` must hold Experiment objects (see make_experiment), "
+                f"got {type(exp).__name__}."
+            )
+    validate_experiments(experiments, names)
+    mesh = resolve_mesh(mesh)
+    n_devices = 1 if mesh is None else mesh.devices.size
+
+    scattered = [scatter(exp, names, np_dtype) for exp in experiments]
+    lengths = np.array([s[0].shape[0] for s in scattered])
+    bins = choose_bins(lengths, bucket_policy, max_shapes)
+
+    payloads, ids = [], []
+    for bin_len in sorted(set(bins.tolist())):
+        rows = [i for i in range(len(experiments)) if bins[i] == bin_len]
+        fields, row_ids = stack_bucket(
+            [experiments[i] for i in rows],
+            [scattered[i] for i in rows],
+            int(bin_len),
+            n_devices,
+            np_dtype,
+        )
+        bp = BucketPayload(**jax.tree.map(jnp.asarray, fields))
+        payloads.append(place_bucket(bp, mesh))
+        ids.append(row_ids)
+    return Dataset(
+        bucket_payloads=tuple(payloads),
+        output_channel_names=names,
+        covariate_names=tuple(sorted(experiments[0].covariates)),
+        exp_ids=tuple(ids),
+        experiments=experiments,
+        bucket_policy=bucket_policy,
+        max_shapes=max_shapes,
+        dtype=np.dtype(np_dtype).name,
+        mesh=mesh,
+    )
+
+
+def _as_float_array(x: Any, name: str) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "fiu":
+        raise ValueError(f"ChannelObs: `{name}` must be numeric, got dtype {arr.dtype}.")
+    return arr if arr.dtype.kind == "f" else arr.astype(np.float64)
+
+
+def describe_buckets(dataset: Dataset) -> str:
+    """One line per bucket: index, `N` (real rows), `T`, `D` and the mask fill fraction."""
+    lines = []
+    for i, bp in enumerate(dataset.bucket_payloads):
+        N, T, D = bp.mask.shape
+        n_real = N if bp.row_weights is None else int(np.count_nonzero(bp.row_weights))
+        fill = float(np.asarray(bp.mask).mean()) if bp.mask.size else 0.0
+        lines.append(f"bucket {i}: N={N} ({n_real} real), T={T}, D={D}, mask fill {fill:.1%}")
+    return "\n".join(lines)
+
+
+def _rebucketed(dataset: Dataset, experiments: Sequence[Experiment]) -> Dataset:
+    """A dataset over `experiments` built with `dataset`'s options (empty: no payloads)."""
+    if experiments:
+        return make_dataset(
+            experiments,
+            output_channel_names=dataset.output_channel_names,
+            bucket_policy=dataset.bucket_policy,
+            max_shapes=dataset.max_shapes,
+            dtype=dataset.dtype,
+            mesh=dataset.mesh,
+        )
+    return Dataset(
+        bucket_payloads=(),
+        output_channel_names=dataset.output_channel_names,
+        covariate_names=dataset.covariate_names,
+        exp_ids=(),
+        experiments=(),
+        bucket_policy=dataset.bucket_policy,
+        max_shapes=dataset.max_shapes,
+        dtype=dataset.dtype,
+        mesh=dataset.mesh,
+    )
+
+
+def split_dataset(
+    dataset: Dataset,
+    *,
+    train: float = 0.8,
+    val: float = 0.1,
+    test: float = 0.1,
+    key: Array,
+) -> tuple[Dataset, Dataset, Dataset]:
+    """Randomly split experiments into train/val/test datasets, each re-bucketed from scratch.
+
+    **Arguments:**
+
+    - `dataset`: the dataset to split (it must still hold its source experiments).
+    - `train`, `val`, `test`: fractions in [0, 1] summing to 1. Train and val sizes are floored;
+        the remainder goes to test. A positive fraction that floors to zero experiments raises.
+    - `key`: a `jax.random` key for the permutation.
+
+    **Returns:** `(train, val, test)`. An empty split has no payloads.
+    """
+    fracs = {"train": train, "val": val, "test": test}
+    for name, f in fracs.items():
+        if not (isinstance(f, int | float) and 0.0 <= f <= 1.0):
+            raise ValueError(f"split_dataset: `{name}` must be a fraction in [0, 1], got {f!r}.")
+    if not math.isclose(train + val + test, 1.0, abs_tol=1e-9):
+        raise ValueError(
+            f"split_dataset: `train + val + test` must be 1, got {train + val + test!r}."
+        )
+    exps = dataset.experiments
+    if not exps:
+        raise ValueError("split_dataset: `dataset` holds no experiments to split.")
+    n = len(exps)
+    n_train, n_val = math.floor(train * n), math.floor(val * n)
+    n_test = n - n_train - n_val
+    for name, f, k in (("train", train, n_train), ("val", val, n_val), ("test", test, n_test)):
+        if f > 0 and k == 0:
+            raise ValueError(
+                f"split_dataset: `{name}={f}` of {n} experiments floors to 0 experiments."
+            )
+    perm = np.asarray(jax.random.permutation(key, n))
+    parts = (perm[:n_train], perm[n_train : n_train + n_val], perm[n_train + n_val :])
+    return tuple(_rebucketed(dataset, [exps[i] for i in sorted(p)]) for p in parts)  # type: ignore[return-value]
+
+
+def make_bootstrap_dataset(
+    dataset: Dataset, *, key: Array, n_experiments: int | None = None
+) -> Dataset:
+    """Resample experiments with replacement and re-bucket.
+
+    **Arguments:**
+
+    - `dataset`: the source dataset (it must hold its source experiments).
+    - `key`: a `jax.random` key.
+    - `n_experiments`: sample size; defaults to the source's experiment count.
+    """
+    exps = dataset.experiments
+    if not exps:
+        raise ValueError("make_bootstrap_dataset: `dataset` holds no experiments to resample.")
+    n = len(exps) if n_experiments is None else n_experiments
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(
+            "make_bootstrap_dataset: `n_experiments` must be a positive int, "
+            f"got {n_experiments!r}."
+        )
+    idx = np.asarray(jax.random.randint(key, (n,), 0, len(exps)))
+    return _rebucketed(dataset, [exps[i] for i in idx])
+
+
+def failed_exp_ids(dataset: Dataset, failed: Sequence[Any]) -> tuple[str, ...]:
+    """Map per-row failure flags back to experiment ids.
+
+    **Arguments:**
+
+    - `dataset`: the dataset the flags were computed on.
+    - `failed`: one `[N]` boolean array per bucket, in `dataset.bucket_payloads` order (for
+        example the `failed` flags returned by a kernel built with `return_status=True`).
+
+    **Returns:** the ids of the failed real experiments, in bucket then row order. Padding rows
+    are never reported.
+    """
+    if len(failed) != len(dataset.exp_ids):
+        raise ValueError(
+            f"failed_exp_ids: got {len(failed)} flag arrays for {len(dataset.exp_ids)} buckets."
+        )
+    out = []
+    for b, (flags, ids) in enumerate(zip(failed, dataset.exp_ids, strict=True)):
+        flags = np.asarray(flags)
+        if flags.shape != (len(ids),):
+            raise ValueError(
+                f"failed_exp_ids: bucket {b} flags have shape {flags.shape}, "
+                f"expected ({len(ids)},)."
+            )
+        out.extend(i for i, f in zip(ids, flags, strict=True) if f and i != "")
+    return tuple(out)

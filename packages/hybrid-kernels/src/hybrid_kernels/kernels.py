@@ -1,0 +1,381 @@
+# ruff: noqa: F722  (jaxtyping shape strings such as "N T D" are not Python expressions)
+"""The training kernels: small jitted pieces a Python loop over buckets composes.
+
+- [`hybrid_kernels.build_bucket_step`][]: `(loss, grads)` of one bucket, one trace per shape.
+- [`hybrid_kernels.build_score_bucket`][]: the same objective, forward only.
+- [`hybrid_kernels.build_penalty_step`][]: a regulariser charged once per step.
+- [`hybrid_kernels.build_apply_update`][]: the single optimiser update.
+
+What is traced: every array argument (predictors' array leaves, the bucket payload, the length
+fraction, weights, penalty points). Python floats given for fractions and weights are turned
+into arrays of jax's default float dtype before dispatch, and weak-typed leaves of the
+predictors are made strong, so neither a new value nor an optimiser update recompiles a kernel.
+What is static: the callables, the solver config and the trainable mask, fixed at build time.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+from jaxtyping import Array, Float
+
+from hybrid_kernels import _preflight as pf
+from hybrid_kernels._dispatch import (
+    _BucketKernel,
+    _check_build,
+    _check_tp,
+    _scalar,
+    _strong,
+    _strong_flat,
+)
+from hybrid_kernels._dtypes import default_float
+from hybrid_kernels._errors import no_host_callbacks
+from hybrid_kernels.data import BucketPayload
+from hybrid_kernels.solver import SolverConfig
+
+__all__ = [
+    "apply_length_mask",
+    "build_apply_update",
+    "build_bucket_step",
+    "build_penalty_step",
+    "build_score_bucket",
+    "length_cutoff",
+    "predict_bucket_obs",
+]
+
+
+def length_cutoff(lengths: Any, fraction: Any) -> Array:
+    """`max(ceil(length * fraction), 1)` as int32, computed in jax's default float dtype.
+
+    Under x64 this is float64 arithmetic (the peer always rounded through float32, which moves
+    the cutoff of long series). Host code that must agree with the kernels (penalty points,
+    reduction denominators) should call this same function.
+
+    **Arguments:**
+
+    - `lengths`: union lengths, a scalar or an array (e.g. `bp.row_lengths`).
+    - `fraction`: the length-mask fraction in (0, 1].
+    """
+    dt = default_float()
+    raw = jnp.ceil(jnp.asarray(lengths).astype(dt) * jnp.asarray(fraction, dtype=dt))
+    return jnp.maximum(raw.astype(jnp.int32), 1)
+
+
+def apply_length_mask(bp: BucketPayload, length_mask_fraction: Array) -> BucketPayload:
+    """Narrow the bucket's mask to the first `length_mask_fraction` of each row's times.
+
+    Only the loss is masked: the solver still integrates the whole trajectory. The cutoff is
+    `max(ceil(L * fraction), 1)` union rows, where `L` is the row's own union length
+    (`bp.row_lengths`; `T` when absent), so a padded bucket scores exactly the cells an unpadded
+    one would. The clamp at 1 keeps a tiny fraction from silently scoring nothing. `n_obs` is
+    recomputed from the new mask. The fraction stays traced: changing it never recompiles.
+
+    **Arguments:**
+
+    - `bp`: the bucket.
+    - `length_mask_fraction`: a scalar in (0, 1].
+
+    **Returns:** the bucket with `mask` and `n_obs` narrowed.
+    """
+    N, T = bp.ts.shape
+    lengths = jnp.full((N,), T, jnp.int32) if bp.row_lengths is None else bp.row_lengths
+    cutoff = length_cutoff(lengths, length_mask_fraction)  # [N]
+    keep = jnp.arange(T)[None, :] < cutoff[:, None]  # [N, T]
+    mask = bp.mask & keep[:, :, None]
+    return bp._replace(mask=mask, n_obs=mask.sum().astype(bp.n_obs.dtype))
+
+
+def _simulate_bucket(predictors, bp, *, simulate_fn, solver) -> Float[Array, "N T S"]:
+    def one(ts, covariates, y0):
+        out = simulate_fn(predictors, ts, covariates, y0, solver)
+        pf.check_simulate_out(out, bp)
+        return out
+
+    return jax.vmap(one)(bp.ts, bp.covariates, bp.y0)
+
+
+def _project(full, bp, state_to_output):
+    pred = jax.vmap(state_to_output)(full)
+    pf.check_output(pred, bp)
+    return pred
+
+
+def predict_bucket_obs(
+    predictors: Any,
+    bp: BucketPayload,
+    simulate_fn: Callable[..., Array],
+    state_to_output: Callable[[Array], Array],
+    solver: SolverConfig,
+) -> Float[Array, "N T D"]:
+    """Simulate every experiment in the bucket and project to `[N, T, D]`.
+
+    Not jitted: each caller traces it into its own `eqx.filter_jit`, which keeps training and
+    prediction caches separate.
+
+    **Arguments:**
+
+    - `predictors`: any pytree of modules, passed unchanged to `simulate_fn`.
+    - `bp`: the bucket.
+    - `simulate_fn`: `(predictors, ts [T], covariates, y0 [S], solver) -> [T, S]`.
+    - `state_to_output`: `[T, S] -> [T, D]`.
+    - `solver`: the [`hybrid_kernels.SolverConfig`][].
+    """
+    full = _simulate_bucket(predictors, bp, simulate_fn=simulate_fn, solver=solver)
+    return _project(full, bp, state_to_output)
+
+
+class _Objective(eqx.Module):
+    """Data loss (+ weighted trajectory penalty) of one bucket, and per-row failure flags."""
+
+    simulate_fn: Callable = eqx.field(static=True)
+    state_to_output: Callable = eqx.field(static=True)
+    solver: SolverConfig = eqx.field(static=True)
+    loss_fn: Callable = eqx.field(static=True)
+    trajectory_penalty_fn: Callable | None = eqx.field(static=True)
+
+    def __call__(self, predictors, bp, fraction, tp_weight, *, differentiable=False):
+        bp_m = apply_length_mask(bp, fraction)
+        if self.solver.throw:
+            full = _simulate_bucket(
+                predictors, bp_m, simulate_fn=self.simulate_fn, solver=self.solver
+            )
+            failed = jnp.zeros(bp.ts.shape[:1], bool)
+        else:
+            full, failed, bp_m = self._tolerant(predictors, bp_m, differentiable)
+        loss = self.loss_fn(_project(full, bp_m, self.state_to_output), bp_m)
+        pf.check_scalar(loss, "loss_fn", bp)
+        if self.trajectory_penalty_fn is not None:
+            pen = self.trajectory_penalty_fn(full, bp_m)
+            pf.check_scalar(pen, "trajectory_penalty_fn", bp)
+            loss = loss + jnp.where(tp_weight != 0, tp_weight * pen, 0.0).astype(loss.dtype)
+        return loss, failed
+
+    def _tolerant(self, predictors, bp, differentiable):
+        """The `throw=False` solve: failed rows flagged, zeroed and masked out.
+
+        A failed solve (max_steps reached, non-finite state) leaves non-finite states in its
+        row. Masking the row keeps it out of the value, but not out of the gradient: the
+        backward pass multiplies a zero cotangent by the row's non-finite Jacobians, giving
+        NaN. So a differentiable call first solves forward only to find the failed rows, then
+        re-solves with each failed row's inputs swapped for a healthy row's: the gradient is
+        exactly that of the bucket without the failed rows, at the price of one extra forward
+        solve per step in this mode.
+        """
+        simulate = functools.partial(
+            _simulate_bucket, simulate_fn=self.simulate_fn, solver=self.solver
+        )
+        if differentiable:
+            frozen = jtu.tree_map(
+                lambda x: jax.lax.stop_gradient(x) if eqx.is_array(x) else x, predictors
+            )
+            probe = jax.lax.stop_gradient(simulate(frozen, bp))
+            failed = ~jnp.all(jnp.isfinite(probe), axis=(1, 2))
+            donor = jnp.argmax(~failed)  # first healthy row (row 0 if none is)
+
+            def swap(a):
+                rows = failed.reshape((-1,) + (1,) * (a.ndim - 1))
+                return jnp.where(rows, a[donor], a)
+
+            safe = bp._replace(
+                ts=swap(bp.ts), y0=swap(bp.y0), covariates=jax.tree.map(swap, bp.covariates)
+            )
+            full = simulate(predictors, safe)
+        else:
+            full = simulate(predictors, bp)
+            failed = ~jnp.all(jnp.isfinite(full), axis=(1, 2))
+        full = jnp.where(failed[:, None, None], jnp.zeros_like(full), full)
+        mask = bp.mask & ~failed[:, None, None]
+        return full, failed, bp._replace(mask=mask, n_obs=mask.sum().astype(bp.n_obs.dtype))
+
+
+# The compiled bodies. Module-level, with every callable passed as a static argument, so the
+# compile cache is keyed on *what* a kernel computes rather than on which closure built it.
+
+
+@eqx.filter_jit
+def _bucket_step(objective, trainable, predictors, bp, fraction, tp_weight):
+    with no_host_callbacks(not objective.solver.throw):
+        diff, static = eqx.partition(predictors, trainable)
+
+        def f(d):
+            return objective(eqx.combine(d, static), bp, fraction, tp_weight, differentiable=True)
+
+        (loss, failed), grads = eqx.filter_value_and_grad(f, has_aux=True)(diff)
+        if not objective.solver.throw:
+            # Every row failed: even the donor row is unhealthy, so drop the whole gradient.
+            grads = jax.tree.map(lambda g: jnp.where(failed.all(), jnp.zeros_like(g), g), grads)
+    return loss, grads, failed
+
+
+@eqx.filter_jit
+def _score_bucket(objective, predictors, bp, fraction, tp_weight):
+    with no_host_callbacks(not objective.solver.throw):
+        return objective(predictors, bp, fraction, tp_weight)
+
+
+@eqx.filter_jit
+def _penalty_step(penalty_fn, trainable, predictors, weight, points):
+    diff, static = eqx.partition(predictors, trainable)
+
+    def f(d):
+        pen = penalty_fn(eqx.combine(d, static), points)
+        if getattr(pen, "shape", None) != ():
+            raise ValueError(
+                f"penalty_fn returned shape {getattr(pen, 'shape', None)}; expected a "
+                "scalar, shape ()."
+            )
+        return weight * pen, pen
+
+    (_, pen), grads = eqx.filter_value_and_grad(f, has_aux=True)(diff)
+    return jnp.where(weight > 0, pen, jnp.zeros_like(pen)), grads
+
+
+@eqx.filter_jit
+def _apply_update(optimizer, trainable, predictors, grads, opt_state):
+    params = eqx.filter(predictors, trainable)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return eqx.apply_updates(predictors, updates), opt_state
+
+
+def build_bucket_step(
+    simulate_fn: Callable[..., Array],
+    state_to_output: Callable[[Array], Array],
+    solver: SolverConfig,
+    loss_fn: Callable[[Array, BucketPayload], Array],
+    trainable: Any,
+    trajectory_penalty_fn: Callable[[Array, BucketPayload], Array] | None = None,
+    trajectory_penalty_weight: float = 0.0,
+    *,
+    return_status: bool = False,
+) -> Callable[..., tuple[Array, Any]]:
+    """Return a jitted `bucket_step(predictors, bp, fraction) -> (loss, grads)`.
+
+    One trace per bucket shape. No optimiser state goes in or out, and no bound penalty is
+    charged here (see [`hybrid_kernels.build_penalty_step`][]).
+
+    **Arguments:**
+
+    - `simulate_fn`: `(predictors, ts [T], covariates, y0 [S], solver) -> [T, S]`.
+    - `state_to_output`: `[T, S] -> [T, D]`; a stable module-level function.
+    - `solver`: the [`hybrid_kernels.SolverConfig`][]. With `throw=False`, rows whose solve
+        fails are masked out of the loss instead of failing the whole bucket.
+    - `loss_fn`: `(pred_obs [N, T, D], bp) -> scalar`, e.g. [`hybrid_kernels.masked_mse`][].
+    - `trainable`: a boolean mask over `predictors` (see [`hybrid_kernels.trainable_mask`][])
+        or an equinox filter function.
+    - `trajectory_penalty_fn`: optional `(full_state [N, T, S], bp) -> scalar`, added to the
+        data loss of every bucket. Padding rows have `bp.row_weights == 0`; a penalty that sums
+        over rows should weigh them by it.
+    - `trajectory_penalty_weight`: the default weight of that penalty (finite, >= 0).
+    - `return_status`: also return `failed [N]` bool flags (see
+        [`hybrid_kernels.failed_exp_ids`][]).
+
+    **Returns:** `bucket_step(predictors, bp, length_mask_fraction,
+    trajectory_penalty_weight=None)`. The weight is a traced argument: `None` uses the
+    build-time value, a number overrides it for that call without recompiling. It returns
+    `(loss, grads)`, or `(loss, grads, failed)` with `return_status=True`; `grads` has the
+    structure of `eqx.filter(predictors, trainable)` (`None` at frozen leaves).
+    """
+    _check_build("build_bucket_step", simulate_fn, state_to_output, solver, loss_fn)
+    _check_tp(trajectory_penalty_fn, trajectory_penalty_weight)
+    objective = _Objective(simulate_fn, state_to_output, solver, loss_fn, trajectory_penalty_fn)
+
+    return _BucketKernel(  # type: ignore[return-value]
+        _bucket_step,
+        objective,
+        trainable,
+        trajectory_penalty_weight,
+        return_status,
+        "bucket_step",
+    )
+
+
+def build_score_bucket(
+    simulate_fn: Callable[..., Array],
+    state_to_output: Callable[[Array], Array],
+    solver: SolverConfig,
+    loss_fn: Callable[[Array, BucketPayload], Array],
+    trajectory_penalty_fn: Callable[[Array, BucketPayload], Array] | None = None,
+    trajectory_penalty_weight: float = 0.0,
+    *,
+    return_status: bool = False,
+) -> Callable[..., Array]:
+    """Return a forward-only `score_bucket(predictors, bp, fraction) -> loss`.
+
+    The objective of [`hybrid_kernels.build_bucket_step`][] (data loss plus any trajectory
+    penalty) without the backward pass, which would roughly triple the cost of a scoring sweep.
+    Arguments as there; `score_bucket` also takes an optional `trajectory_penalty_weight`
+    override, and returns `(loss, failed)` with `return_status=True`.
+    """
+    _check_build("build_score_bucket", simulate_fn, state_to_output, solver, loss_fn)
+    _check_tp(trajectory_penalty_fn, trajectory_penalty_weight)
+    objective = _Objective(simulate_fn, state_to_output, solver, loss_fn, trajectory_penalty_fn)
+
+    return _BucketKernel(  # type: ignore[return-value]
+        _score_bucket, objective, None, trajectory_penalty_weight, return_status, "score_bucket"
+    )
+
+
+def build_penalty_step(
+    penalty_fn: Callable[[Any, tuple[Array, ...]], Array],
+    trainable: Any,
+) -> Callable[..., tuple[Array, Any]]:
+    """Return `penalty_step(predictors, weight, points=()) -> (penalty, weighted_grads)`.
+
+    Charged once per training step, outside the bucket loop: the penalty reads only the
+    predictors and its point arrays.
+
+    **Arguments:**
+
+    - `penalty_fn`: `(predictors, points) -> scalar`, e.g. `bound_penalty` or a custom
+        regulariser that ignores `points`.
+    - `trainable`: the mask, as for [`hybrid_kernels.build_bucket_step`][].
+
+    **Returns:** `penalty_step`. `weight` (finite, >= 0) and `points` (a tuple of arrays) are
+    traced; a new point shape retraces this small kernel only. It returns the *unweighted*
+    penalty (0 when `weight == 0`) and the gradient of `weight * penalty`, ready to add onto
+    the combined data gradient.
+    """
+
+    seen: set = set()
+
+    def run(predictors, weight, points=()):
+        if not isinstance(weight, jax.Array):  # an array weight is checked on first use only
+            pf.check_weight(weight, "weight")
+        predictors, key = _strong_flat(predictors)
+        if key not in seen:
+            pf.check_weight(weight, "weight")
+            pf.check_trainable(trainable, predictors)
+            seen.add(key)
+        pts = tuple(jnp.asarray(p) for p in points)
+        return _penalty_step(penalty_fn, trainable, predictors, _scalar(weight), pts)
+
+    return run
+
+
+def build_apply_update(
+    optimizer: Any,
+    trainable: Any,
+) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
+    """Return a jitted `apply_update(predictors, grads, opt_state) -> (predictors, opt_state)`.
+
+    The single optimiser update per training step. Create the state once with
+    `optimizer.init(eqx.filter(predictors, trainable))`; rebuild it only on a reset.
+
+    **Arguments:**
+
+    - `optimizer`: an `optax.GradientTransformation`.
+    - `trainable`: the mask, as for [`hybrid_kernels.build_bucket_step`][].
+    """
+
+    def run(predictors, grads, opt_state):
+        return _apply_update(
+            optimizer, trainable, *(_strong(x) for x in (predictors, grads, opt_state))
+        )
+
+    return run

@@ -1,0 +1,226 @@
+"""Saving trained predictors, and loading them back safely.
+
+One file holds everything: a text header line, one line of JSON metadata, then the leaves as
+written by `eqx.tree_serialise_leaves`. The metadata records a fingerprint of the pytree (its
+structure, static configuration included, and every leaf's path, shape and dtype), so loading
+into a template that differs in any of these raises a `ValueError` that names the difference,
+instead of silently reading numbers into the wrong places. Writes are atomic: the file is
+written beside its destination and moved into place, so an interrupted save never leaves a
+truncated file behind.
+
+What is not saved: `simulate_fn`, `state_to_output`, the dataset, the trainable mask. Loading
+needs a template: a freshly built pytree of the same architecture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.tree_util as jtu
+import numpy as np
+
+from hybrid_kernels.__about__ import __version__
+
+__all__ = ["load_predictors", "read_predictors_metadata", "save_predictors"]
+
+_MAGIC = b"hybrid-kernels predictors\n"
+_FORMAT = 1
+# Reprs of functions held in static fields carry memory addresses that change per process.
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _describe_leaf(leaf: Any) -> dict[str, Any]:
+    if eqx.is_array(leaf) or isinstance(leaf, np.generic):
+        return {"shape": list(np.shape(leaf)), "dtype": np.dtype(leaf.dtype).name}
+    name = getattr(leaf, "__qualname__", None) or getattr(leaf, "__name__", None)
+    if callable(leaf) and isinstance(name, str):
+        return {"type": type(leaf).__name__, "name": name}
+    return {"type": type(leaf).__name__}
+
+
+def _modules(tree: Any, prefix: str = "") -> list[dict[str, Any]]:
+    """Class and static configuration of every module in `tree`, outermost first."""
+    found: list[dict[str, Any]] = []
+    nested = lambda x: isinstance(x, eqx.Module) and x is not tree  # noqa: E731
+    nodes = (
+        [("", tree)]
+        if isinstance(tree, eqx.Module)
+        else jtu.tree_flatten_with_path(tree, is_leaf=nested)[0]
+    )
+    for path, node in nodes:
+        if not isinstance(node, eqx.Module):
+            continue
+        where = prefix + (path if isinstance(path, str) else jtu.keystr(path))
+        cls = type(node)
+        static, children = {}, []
+        for field in dataclasses.fields(node):
+            value = getattr(node, field.name, None)
+            if field.metadata.get("static", False):
+                static[field.name] = _ADDRESS.sub("", repr(value))
+            else:
+                children.append((field.name, value))
+        found.append(
+            {"path": where, "class": f"{cls.__module__}.{cls.__qualname__}", "static": static}
+        )
+        for name, value in children:
+            found.extend(_modules(value, f"{where}.{name}"))
+    return found
+
+
+def _fingerprint(predictors: Any) -> dict[str, Any]:
+    leaves = jtu.tree_flatten_with_path(predictors)[0]
+    return {
+        "modules": _modules(predictors),
+        "leaves": [{"path": jtu.keystr(path), **_describe_leaf(x)} for path, x in leaves],
+    }
+
+
+def _fingerprint_mismatch(saved: dict[str, Any], template: dict[str, Any]) -> str | None:
+    for s, t in zip(saved["modules"], template["modules"], strict=False):
+        if s == t:
+            continue
+        where = t["path"] or "(root)"
+        if s["class"] != t["class"] or s["path"] != t["path"]:
+            return (
+                f"the template has {t['class']} at {where}, but the file holds {s['class']} "
+                f"at {s['path'] or '(root)'}"
+            )
+        fields = sorted(set(s["static"]) | set(t["static"]))
+        diffs = [
+            f"{k} is {t['static'].get(k)} in the template but {s['static'].get(k)} in the file"
+            for k in fields
+            if s["static"].get(k) != t["static"].get(k)
+        ]
+        return f"{t['class'].rsplit('.', 1)[-1]} at {where}: " + "; ".join(diffs)
+    if len(saved["modules"]) != len(template["modules"]):
+        return (
+            f"the file holds {len(saved['modules'])} modules, the template "
+            f"{len(template['modules'])}"
+        )
+    saved_leaves, template_leaves = saved["leaves"], template["leaves"]
+    for s, t in zip(saved_leaves, template_leaves, strict=False):
+        if s != t:
+            return (
+                f"leaf {t['path'] or '(root)'} of the template is {_leaf_text(t)}, but the file "
+                f"holds {_leaf_text(s)} at {s['path'] or '(root)'}"
+            )
+    if len(saved_leaves) != len(template_leaves):
+        return f"the file holds {len(saved_leaves)} leaves, the template {len(template_leaves)}"
+    return None
+
+
+def _leaf_text(leaf: dict[str, Any]) -> str:
+    if "shape" in leaf:
+        return f"an array of shape {tuple(leaf['shape'])} and dtype {leaf['dtype']}"
+    if "name" in leaf:
+        return f"the callable {leaf['name']}"
+    return f"a Python {leaf['type']}"
+
+
+def save_predictors(
+    path: str | os.PathLike[str],
+    predictors: Any,
+    *,
+    metadata: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write `predictors` (any pytree of modules and arrays) to one file, atomically.
+
+    **Arguments:**
+
+    - `path`: destination file; its parent directory must exist. An existing file is replaced.
+    - `predictors`: the pytree to save.
+    - `metadata`: optional JSON-serialisable mapping stored beside the leaves (for example the
+      solver's `to_dict()` or a loss history); read back with `read_predictors_metadata`.
+
+    **Returns:** the path written.
+    """
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise ValueError(f"path's directory {str(path.parent)!r} does not exist")
+    try:
+        user = json.loads(json.dumps(dict(metadata or {}), allow_nan=True))
+    except TypeError as err:
+        raise TypeError(f"metadata must be JSON-serialisable: {err}") from None
+    header = {
+        "format": _FORMAT,
+        "hybrid_kernels": __version__,
+        "jax": jax.__version__,
+        "equinox": eqx.__version__,
+        "fingerprint": _fingerprint(predictors),
+        "metadata": user,
+    }
+    buffer = io.BytesIO()
+    eqx.tree_serialise_leaves(buffer, predictors)
+    blob = _MAGIC + json.dumps(header).encode() + b"\n" + buffer.getvalue()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], bytes]:
+    data = Path(path).read_bytes()
+    if not data.startswith(_MAGIC):
+        raise ValueError(f"{str(path)!r} is not a file written by save_predictors")
+    head, sep, leaves = data[len(_MAGIC) :].partition(b"\n")
+    try:
+        header = json.loads(head) if sep else None
+    except json.JSONDecodeError:
+        header = None
+    if not isinstance(header, dict) or "fingerprint" not in header:
+        raise ValueError(f"{str(path)!r} has a damaged header")
+    if header.get("format") != _FORMAT:
+        raise ValueError(
+            f"{str(path)!r} uses file format {header.get('format')!r}; this version of "
+            f"hybrid_kernels reads format {_FORMAT}"
+        )
+    return header, leaves
+
+
+def read_predictors_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The `metadata` mapping given to `save_predictors` for the file at `path`."""
+    return _read(path)[0]["metadata"]
+
+
+def load_predictors(path: str | os.PathLike[str], template: Any) -> Any:
+    """Read predictors saved by `save_predictors`, into the shape of `template`.
+
+    **Arguments:**
+
+    - `path`: the file.
+    - `template`: a pytree built the same way as the saved one (same classes, static
+      configuration, leaf shapes and dtypes); its array values are ignored and not modified.
+
+    **Returns:** a new pytree like `template` holding the saved values.
+
+    Raises `ValueError` when the file is not a predictors file, or when the template does not
+    match what was saved (the message names the first differing leaf or the structure).
+    """
+    header, leaves = _read(path)
+    mismatch = _fingerprint_mismatch(header["fingerprint"], _fingerprint(template))
+    if mismatch is not None:
+        raise ValueError(
+            f"template does not match the predictors saved in {str(path)!r}: {mismatch}"
+        )
+    stream = io.BytesIO(leaves)
+    loaded = eqx.tree_deserialise_leaves(stream, template)
+    if stream.read(1):
+        raise ValueError(f"{str(path)!r} holds more leaf data than the template reads")
+    return loaded

@@ -1,0 +1,207 @@
+"""SolverConfig: every diffrax option a kernel needs, as one static, hashable value.
+
+All fields are static, so a config is part of each kernel's compile-cache key: two equal
+configs share compiled kernels, and changing a tolerance compiles anew.
+
+**Adjoint default.** We default to `diffrax.RecursiveCheckpointAdjoint()`, diffrax's own
+default and its recommended reverse-mode adjoint: it differentiates the solver's internal
+operations with O(log n) checkpointed memory. On our CPU measurement (64 logistic-growth
+experiments, see the guide) its steady-state step was about 3x faster than `DirectAdjoint`'s
+(1.4 ms vs 4.2 ms) for a compile about 15% longer. `DirectAdjoint` (the peer's default)
+compiles faster and supports forward mode too; pass `adjoint=diffrax.DirectAdjoint()` for short
+runs or tests where compile time dominates. `BacksolveAdjoint` only differentiates what is
+passed through diffrax `args` (see the guide).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import diffrax
+import equinox as eqx
+import jax.numpy as jnp
+
+__all__ = [
+    "ADJOINT_REGISTRY",
+    "SOLVER_REGISTRY",
+    "SolverConfig",
+    "register_adjoint",
+    "register_solver",
+]
+
+SOLVER_REGISTRY: dict[str, type] = {
+    "Tsit5": diffrax.Tsit5,
+    "Kvaerno3": diffrax.Kvaerno3,
+    "Dopri5": diffrax.Dopri5,
+    "Heun": diffrax.Heun,
+}
+ADJOINT_REGISTRY: dict[str, type] = {
+    "RecursiveCheckpointAdjoint": diffrax.RecursiveCheckpointAdjoint,
+    "DirectAdjoint": diffrax.DirectAdjoint,
+    "BacksolveAdjoint": diffrax.BacksolveAdjoint,
+    "ForwardMode": diffrax.ForwardMode,
+}
+
+
+def register_solver(name: str, cls: type) -> None:
+    """Make a diffrax solver class serialisable under `name` (overwrites an existing entry)."""
+    SOLVER_REGISTRY[name] = cls
+
+
+def register_adjoint(name: str, cls: type) -> None:
+    """Make a diffrax adjoint class serialisable under `name` (overwrites an existing entry)."""
+    ADJOINT_REGISTRY[name] = cls
+
+
+def _name_of(obj: Any, registry: dict[str, type], what: str) -> str:
+    for name, cls in registry.items():
+        if type(obj) is cls:  # exact type: a subclass may carry different behaviour
+            return name
+    raise ValueError(
+        f"SolverConfig.to_dict: {what} {type(obj).__name__} is not registered; call "
+        f"register_{what}(name, {type(obj).__name__}) first. Registered: {sorted(registry)}."
+    )
+
+
+def _lookup(name: str, registry: dict[str, type], what: str) -> type:
+    if name not in registry:
+        raise ValueError(
+            f"SolverConfig.from_dict: unknown {what} {name!r}; available: {sorted(registry)}."
+        )
+    return registry[name]
+
+
+def _positive_finite(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+class SolverConfig(eqx.Module):
+    """How every experiment is integrated.
+
+    **Arguments:**
+
+    - `solver`: a diffrax solver instance, e.g. `diffrax.Tsit5()`.
+    - `rtol`: relative tolerance, finite and > 0.
+    - `atol`: absolute tolerance, a float or a tuple with one entry per state component.
+    - `max_steps`: the most solver steps per experiment, a positive int.
+    - `dt0`: the initial step, or `None` to let diffrax pick one.
+    - `adjoint`: a diffrax adjoint; default `RecursiveCheckpointAdjoint()` (see module docs).
+    - `pcoeff`, `icoeff`, `dcoeff`: PID step-size controller coefficients (default: plain
+        integral control).
+    - `throw`: `True` (default) raises when a solve fails. `False` lets a failed experiment
+        return non-finite states instead; the kernels then mask that row out of the loss,
+        report it (`return_status=True`) and keep training the rest of the bucket. Kernels
+        built with `throw=False` contain no host callbacks, so JAX's persistent compilation
+        cache can store them.
+    """
+
+    solver: Any = eqx.field(static=True)
+    rtol: float = eqx.field(static=True)
+    atol: float | tuple[float, ...] = eqx.field(static=True)
+    max_steps: int = eqx.field(static=True)
+    dt0: float | None = eqx.field(static=True)
+    adjoint: Any = eqx.field(static=True, default=diffrax.RecursiveCheckpointAdjoint())
+    pcoeff: float = eqx.field(static=True, default=0.0)
+    icoeff: float = eqx.field(static=True, default=1.0)
+    dcoeff: float = eqx.field(static=True, default=0.0)
+    throw: bool = eqx.field(static=True, default=True)
+
+    def __check_init__(self):
+        if not isinstance(self.solver, diffrax.AbstractSolver):
+            raise TypeError(
+                f"SolverConfig: `solver` must be a diffrax solver instance such as "
+                f"diffrax.Tsit5(), got {self.solver!r}."
+            )
+        if not _positive_finite(self.rtol):
+            raise ValueError(f"SolverConfig: `rtol` must be finite and > 0, got {self.rtol!r}.")
+        atols = self.atol if isinstance(self.atol, tuple) else (self.atol,)
+        if not atols or not all(_positive_finite(a) for a in atols):
+            raise ValueError(
+                "SolverConfig: `atol` must be a finite float > 0 or a non-empty tuple of them, "
+                f"got {self.atol!r}."
+            )
+        if (
+            isinstance(self.max_steps, bool)
+            or not isinstance(self.max_steps, int)
+            or self.max_steps < 1
+        ):
+            raise ValueError(
+                f"SolverConfig: `max_steps` must be a positive int, got {self.max_steps!r}."
+            )
+        if self.dt0 is not None and not _positive_finite(self.dt0):
+            raise ValueError(
+                f"SolverConfig: `dt0` must be None or finite and > 0, got {self.dt0!r}."
+            )
+        if not isinstance(self.throw, bool):
+            raise TypeError(f"SolverConfig: `throw` must be a bool, got {self.throw!r}.")
+
+    def stepsize_controller(self) -> diffrax.PIDController:
+        """The `diffrax.PIDController` for these tolerances (a tuple `atol` becomes an array)."""
+        atol = jnp.asarray(self.atol) if isinstance(self.atol, tuple) else self.atol
+        return diffrax.PIDController(
+            rtol=self.rtol, atol=atol, pcoeff=self.pcoeff, icoeff=self.icoeff, dcoeff=self.dcoeff
+        )
+
+    def diffeqsolve(self, term: Any, ts: Any, y0: Any, args: Any = None) -> diffrax.Solution:
+        """Integrate `term` from `ts[0]` to `ts[-1]`, saving at `ts`; take `.ys` for `[T, S]`.
+
+        **Arguments:**
+
+        - `term`: a diffrax term, e.g. `diffrax.ODETerm(vector_field)`.
+        - `ts`: save times `[T]`, non-decreasing (repeated trailing times are fine).
+        - `y0`: the initial state `[S]`.
+        - `args`: passed to the vector field; thread trainable values through here when using
+            `BacksolveAdjoint`.
+        """
+        return diffrax.diffeqsolve(
+            term,
+            self.solver,
+            t0=ts[0],
+            t1=ts[-1],
+            dt0=self.dt0,
+            y0=y0,
+            args=args,
+            saveat=diffrax.SaveAt(ts=ts),
+            stepsize_controller=self.stepsize_controller(),
+            adjoint=self.adjoint,
+            max_steps=self.max_steps,
+            throw=self.throw,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; solver and adjoint are stored by registry name."""
+        return {
+            "solver": _name_of(self.solver, SOLVER_REGISTRY, "solver"),
+            "rtol": self.rtol,
+            "atol": list(self.atol) if isinstance(self.atol, tuple) else self.atol,
+            "max_steps": self.max_steps,
+            "dt0": self.dt0,
+            "adjoint": _name_of(self.adjoint, ADJOINT_REGISTRY, "adjoint"),
+            "pcoeff": self.pcoeff,
+            "icoeff": self.icoeff,
+            "dcoeff": self.dcoeff,
+            "throw": self.throw,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SolverConfig:
+        """Rebuild from `SolverConfig.to_dict`; optional keys fall back to the defaults."""
+        missing = [k for k in ("solver", "rtol", "atol", "max_steps", "dt0") if k not in d]
+        if missing:
+            raise ValueError(f"SolverConfig.from_dict: missing key(s) {missing}.")
+        atol = d["atol"]
+        kwargs: dict[str, Any] = {}
+        if "adjoint" in d:
+            kwargs["adjoint"] = _lookup(d["adjoint"], ADJOINT_REGISTRY, "adjoint")()
+        for k in ("pcoeff", "icoeff", "dcoeff", "throw"):
+            if k in d:
+                kwargs[k] = d[k]
+        return cls(
+            solver=_lookup(d["solver"], SOLVER_REGISTRY, "solver")(),
+            rtol=d["rtol"],
+            atol=tuple(atol) if isinstance(atol, list | tuple) else atol,
+            max_steps=d["max_steps"],
+            dt0=d["dt0"],
+            **kwargs,
+        )

@@ -1,0 +1,56 @@
+"""The stock trainer, built only from the public kernels, and its helpers.
+
+- [`train_with_optax`][hybrid_kernels.train_with_optax] with
+  [`OptaxTrainingConfig`][hybrid_kernels.OptaxTrainingConfig]: phases, tournament, early
+  stopping, best-step restore, safe steps, validation, hooks, checkpoints and resume.
+- Progress: [`TrainingUI`][hybrid_kernels.TrainingUI] and its implementations.
+- [`TrainingState`][hybrid_kernels.TrainingState] and its atomic file format.
+- Ensembles, [`annealing_schedule`][hybrid_kernels.annealing_schedule] and two plots.
+"""
+
+from hybrid_kernels.training.config import OPTIMIZER_REGISTRY, OptaxTrainingConfig
+from hybrid_kernels.training.ensembles import train_bootstrap_ensemble, train_seed_ensemble
+from hybrid_kernels.training.history import LossHistory, NonFiniteTrainingError
+from hybrid_kernels.training.hooks import BetweenStepsHook
+from hybrid_kernels.training.plotting import plot_fit, plot_history
+from hybrid_kernels.training.reinit import fold_key, reinitialise
+from hybrid_kernels.training.schedules import annealing_schedule
+from hybrid_kernels.training.state import (
+    TrainingState,
+    load_training_state,
+    save_training_state,
+)
+from hybrid_kernels.training.trainer import train_with_optax
+from hybrid_kernels.training.ui import (
+    LogUI,
+    RecordingUI,
+    RichUI,
+    SilentUI,
+    TrainingUI,
+    default_ui,
+)
+
+__all__ = [
+    "OPTIMIZER_REGISTRY",
+    "BetweenStepsHook",
+    "LogUI",
+    "LossHistory",
+    "NonFiniteTrainingError",
+    "OptaxTrainingConfig",
+    "RecordingUI",
+    "RichUI",
+    "SilentUI",
+    "TrainingState",
+    "TrainingUI",
+    "annealing_schedule",
+    "default_ui",
+    "fold_key",
+    "load_training_state",
+    "plot_fit",
+    "plot_history",
+    "reinitialise",
+    "save_training_state",
+    "train_bootstrap_ensemble",
+    "train_seed_ensemble",
+    "train_with_optax",
+]

@@ -1,0 +1,229 @@
+"""Ensembles: several trained models from one configuration.
+
+`train_seed_ensemble` ranks fresh starts with the tournament and fully trains the best
+`k_best`; `train_bootstrap_ensemble` trains one member per bootstrap resample of the
+experiments. Both reuse one set of compiled kernels for every member (up to new bucket shapes
+a resample may bring) and return `[(final_loss, predictors)]`, best first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+
+from hybrid_kernels._dtypes import default_float
+from hybrid_kernels.data import make_bootstrap_dataset
+from hybrid_kernels.reductions import bucket_weights
+from hybrid_kernels.training._engine import get_engine, strong
+from hybrid_kernels.training.config import OptaxTrainingConfig
+from hybrid_kernels.training.reinit import fold_key
+from hybrid_kernels.training.tournament import run_tournament
+from hybrid_kernels.training.trainer import resolve_trainable, run_training
+from hybrid_kernels.training.ui import TrainingUI, check_ui, default_ui
+
+__all__ = ["train_bootstrap_ensemble", "train_seed_ensemble"]
+
+
+def _member_config(config: OptaxTrainingConfig, name: str) -> OptaxTrainingConfig:
+    # Each member checkpoints to its own file next to the configured one.
+    if config.checkpoint_path is None:
+        return config
+    path = Path(config.checkpoint_path)
+    return dataclasses.replace(
+        config, checkpoint_path=path.with_name(f"{path.stem}.{name}{path.suffix}")
+    )
+
+
+def _count(name: str, value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}: {name} must be an integer >= 1; got {value!r}")
+    return value
+
+
+def _select_seeds(
+    predictors, dataset, config, *, engine, n_seeds, top_k, key, ui
+) -> list[tuple[float, Any]]:
+    weights = jnp.asarray(bucket_weights(dataset, config.reduction), dtype=default_float())
+    return run_tournament(
+        engine,
+        strong(predictors),
+        tuple(dataset.bucket_payloads),
+        weights,
+        optimizer_spec=config.optimizer[0],
+        lr=config.tournament_lr,
+        n_attempts=n_seeds,
+        n_steps=config.tournament_steps,
+        key=key,
+        top_k=top_k,
+        ui=ui,
+    )
+
+
+def train_seed_ensemble(
+    predictors: Any,
+    dataset: Any,
+    config: OptaxTrainingConfig,
+    *,
+    simulate_fn: Callable[..., Any],
+    state_to_output: Callable[..., Any],
+    solver: Any,
+    n_seeds: int,
+    k_best: int | None = None,
+    trainable: Any = None,
+    key: Any,
+    ui: TrainingUI | None = None,
+    val_dataset: Any = None,
+) -> list[tuple[float, Any]]:
+    """Rank `n_seeds` fresh starts with the tournament, then fully train the best `k_best`.
+
+    Each start is a re-initialisation of the trainable leaves, trained for
+    `config.tournament_steps` steps at `config.tournament_lr` (0 steps ranks the starts as
+    drawn) and scored forward-only. The survivors run the whole phase schedule of `config`.
+
+    **Arguments:** as [`train_with_optax`][hybrid_kernels.train_with_optax], plus
+
+    - `n_seeds`: the number of starts to rank, at least 1.
+    - `k_best`: how many to train fully, in `[1, n_seeds]`; `None` trains all.
+
+    **Returns:** `[(final_loss, predictors)]` sorted by `final_loss` ascending; `final_loss`
+    labels the returned parameters (the best-step loss with `restore_best`).
+    """
+    where = "train_seed_ensemble"
+    _count("n_seeds", n_seeds, where)
+    k_best = n_seeds if k_best is None else _count("k_best", k_best, where)
+    if k_best > n_seeds:
+        raise ValueError(f"{where}: k_best={k_best} must not exceed n_seeds={n_seeds}")
+    if not isinstance(config, OptaxTrainingConfig):
+        raise TypeError(f"{where}: config must be an OptaxTrainingConfig; got {config!r}")
+    trainable = resolve_trainable(predictors, trainable)
+    ui = default_ui(config.verbose) if ui is None else check_ui(ui)
+    engine = get_engine(
+        simulate_fn=simulate_fn,
+        state_to_output=state_to_output,
+        solver=solver,
+        trainable=trainable,
+        config=config,
+    )
+    if not tuple(dataset.bucket_payloads):
+        raise ValueError(f"{where}: dataset has no buckets; nothing to train on")
+    ui.on_message(text=f"{where}: ranking {n_seeds} starts, training the best {k_best}")
+    ranked = _select_seeds(
+        predictors,
+        dataset,
+        config,
+        engine=engine,
+        n_seeds=n_seeds,
+        top_k=k_best,
+        key=fold_key(key, "seed_ensemble"),
+        ui=ui,
+    )
+    members = []
+    for i, (_, start) in enumerate(ranked):
+        result = run_training(
+            start,
+            dataset,
+            _member_config(config, f"seed{i}"),
+            simulate_fn=simulate_fn,
+            state_to_output=state_to_output,
+            solver=solver,
+            trainable=trainable,
+            key=fold_key(key, f"seed_member_{i}"),
+            ui=ui,
+            val_dataset=val_dataset,
+            hooks=None,
+            tournament=False,
+            where=where,
+        )
+        members.append((result.final_loss, result.predictors))
+    members.sort(key=lambda m: m[0])
+    return members
+
+
+def train_bootstrap_ensemble(
+    predictors: Any,
+    dataset: Any,
+    config: OptaxTrainingConfig,
+    *,
+    simulate_fn: Callable[..., Any],
+    state_to_output: Callable[..., Any],
+    solver: Any,
+    n_bootstraps: int,
+    n_seeds: int = 1,
+    k_best: int | None = None,
+    trainable: Any = None,
+    key: Any,
+    ui: TrainingUI | None = None,
+) -> list[tuple[float, Any]]:
+    """Train one member per bootstrap resample of the experiments.
+
+    Resample `s` draws the experiments with replacement (`make_bootstrap_dataset`) and is
+    re-bucketed. With `n_seeds == 1` every member starts from `predictors`, so the spread of
+    the ensemble is the data's; with `n_seeds > 1` each resample first picks the best of
+    `n_seeds` fresh starts with the tournament.
+
+    **Arguments:** as [`train_with_optax`][hybrid_kernels.train_with_optax], plus
+
+    - `n_bootstraps`: the number of resamples (members), at least 1.
+    - `n_seeds`: starts ranked per resample, at least 1.
+    - `k_best`: keep the best `k_best` members overall; `None` keeps all.
+
+    **Returns:** `[(final_loss, predictors)]` sorted by `final_loss` ascending. Each loss is
+    measured on the member's own resample.
+    """
+    where = "train_bootstrap_ensemble"
+    _count("n_bootstraps", n_bootstraps, where)
+    _count("n_seeds", n_seeds, where)
+    if k_best is not None:
+        _count("k_best", k_best, where)
+        if k_best > n_bootstraps:
+            raise ValueError(
+                f"{where}: k_best={k_best} must not exceed n_bootstraps={n_bootstraps}"
+            )
+    if not isinstance(config, OptaxTrainingConfig):
+        raise TypeError(f"{where}: config must be an OptaxTrainingConfig; got {config!r}")
+    trainable = resolve_trainable(predictors, trainable)
+    ui = default_ui(config.verbose) if ui is None else check_ui(ui)
+    engine = get_engine(
+        simulate_fn=simulate_fn,
+        state_to_output=state_to_output,
+        solver=solver,
+        trainable=trainable,
+        config=config,
+    )
+    members = []
+    for s in range(n_bootstraps):
+        boot = make_bootstrap_dataset(dataset, key=fold_key(key, f"bootstrap_{s}"))
+        start = predictors
+        if n_seeds > 1:
+            start = _select_seeds(
+                predictors,
+                boot,
+                config,
+                engine=engine,
+                n_seeds=n_seeds,
+                top_k=1,
+                key=fold_key(key, f"bootstrap_seeds_{s}"),
+                ui=ui,
+            )[0][1]
+        result = run_training(
+            start,
+            boot,
+            _member_config(config, f"boot{s}"),
+            simulate_fn=simulate_fn,
+            state_to_output=state_to_output,
+            solver=solver,
+            trainable=trainable,
+            key=fold_key(key, f"bootstrap_member_{s}"),
+            ui=ui,
+            val_dataset=None,
+            hooks=None,
+            tournament=False,
+            where=where,
+        )
+        members.append((result.final_loss, result.predictors))
+    members.sort(key=lambda m: m[0])
+    return members if k_best is None else members[:k_best]

@@ -1,0 +1,64 @@
+"""`LossHistory`, the per-step record a run returns, and the error a diverging run raises."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["LossHistory", "NonFiniteTrainingError"]
+
+
+class LossHistory(list):
+    """The per-step training loss (a `list[float]`), with the rest of the run's record.
+
+    The list holds the raw data loss of every step (plus any trajectory penalty), as the
+    optimiser saw it: it can go up, and it excludes the once-per-step regulariser. A skipped
+    non-finite step keeps its non-finite value here and its index in `bad_steps`.
+
+    **Attributes:**
+
+    - `penalties`: the unweighted regulariser value of every step (0 where it is off).
+    - `val`: `(step, score)` pairs: the validation score after `step` steps.
+    - `bad_steps`: indices of the steps that were not applied.
+    - `phase_starts`: the step index at which each phase began.
+    - `best_step`: the step whose pre-update parameters are the best snapshot (-1: none).
+    - `best_loss`: the loss (or validation score) of that snapshot.
+    """
+
+    def __init__(self, values: Any = ()) -> None:
+        super().__init__(values)
+        self.penalties: list[float] = []
+        self.val: list[tuple[int, float]] = []
+        self.bad_steps: list[int] = []
+        self.phase_starts: list[int] = []
+        self.best_step: int = -1
+        self.best_loss: float = float("inf")
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Training stopped after `max_bad_steps` non-finite steps in a row.
+
+    Nothing learned before is lost: the skipped steps were never applied, so `predictors` and
+    `opt_state` are the last good ones, and `best_predictors` is the best snapshot so far.
+
+    **Attributes:** `phase`, `step` (0-based global index of the step that hit the limit),
+    `predictors`, `opt_state`, `best_predictors`, `history` (a `LossHistory`).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        phase: int,
+        step: int,
+        predictors: Any,
+        opt_state: Any,
+        best_predictors: Any,
+        history: LossHistory,
+    ) -> None:
+        super().__init__(message)
+        self.phase = phase
+        self.step = step
+        self.predictors = predictors
+        self.opt_state = opt_state
+        self.best_predictors = best_predictors
+        self.history = history

@@ -1,0 +1,116 @@
+"""The between-steps hook: host-side edits of the model between two optimiser steps.
+
+A hook sees the predictors and the optimiser state that the next step will use, and may return
+edited copies, for example a confluent bank transition that moves slots around together with
+their Adam moments. Edits must keep every compiled kernel valid: the pytree structure and every
+array's shape and dtype stay the same, and values that are not arrays (compiled in as
+constants) do not change. Then no kernel recompiles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+__all__ = ["BetweenStepsHook"]
+
+
+@runtime_checkable
+class BetweenStepsHook(Protocol):
+    """Anything with a `between_steps` method; a plain function of the same form also works.
+
+    `between_steps(step, predictors, opt_state)` is called after `step` optimiser steps (over
+    all phases) and before the next one, never after the last. It returns `None` (no change) or
+    `(predictors, opt_state)` with the same structure, shapes and dtypes.
+    """
+
+    def between_steps(self, step: int, predictors: Any, opt_state: Any) -> tuple[Any, Any] | None:
+        """Edit the model between steps, or return `None` to leave it alone."""
+        ...
+
+
+def resolve_hook(hooks: Any) -> Callable[[int, Any, Any], tuple[Any, Any] | None] | None:
+    """Turn the `hooks` argument into one callable (or `None`), or raise `TypeError`."""
+    if hooks is None:
+        return None
+    method = getattr(hooks, "between_steps", None)
+    if callable(method):
+        return method
+    if callable(hooks):
+        return hooks
+    raise TypeError(
+        f"hooks={hooks!r} has no between_steps(step, predictors, opt_state) method and is not "
+        "callable"
+    )
+
+
+def _describe_path(path: tuple[Any, ...]) -> str:
+    return jax.tree_util.keystr(path) or "<root>"
+
+
+def _conform(name: str, step: int, old: Any, new: Any) -> Any:
+    """Check `new` against `old` leaf by leaf; return `new` with arrays cast like `old`."""
+    old_paths, old_def = jax.tree_util.tree_flatten_with_path(old)
+    new_leaves, new_def = jax.tree_util.tree_flatten(new)
+    if old_def != new_def:
+        raise ValueError(
+            f"between_steps hook changed the pytree structure of {name} after step {step}; "
+            "a hook may change values only (same structure, shapes and dtypes), otherwise "
+            f"every kernel would recompile.\n  before: {old_def}\n  after:  {new_def}"
+        )
+    out = []
+    for (path, ref), leaf in zip(old_paths, new_leaves, strict=True):
+        where = f"{name}{_describe_path(path)}"
+        if eqx.is_array(ref):
+            if not eqx.is_array(leaf):
+                raise ValueError(
+                    f"between_steps hook replaced the array at {where} by {type(leaf).__name__} "
+                    f"after step {step}; return an array of shape {ref.shape}"
+                )
+            if leaf.shape != ref.shape or leaf.dtype != ref.dtype:
+                raise ValueError(
+                    f"between_steps hook changed {where} from shape {ref.shape} dtype "
+                    f"{ref.dtype} to shape {leaf.shape} dtype {leaf.dtype} after step {step}; "
+                    "shapes and dtypes must stay the same"
+                )
+            # A weak-typed or NumPy leaf would be a new cache key for the jitted kernels.
+            if not isinstance(leaf, jax.Array) or leaf.weak_type != ref.weak_type:
+                leaf = jnp.asarray(leaf, dtype=ref.dtype)
+        elif leaf is not ref:
+            same = False
+            try:
+                same = bool(leaf == ref)
+            except Exception:  # any failed comparison means "changed"
+                same = False
+            if not same:
+                raise ValueError(
+                    f"between_steps hook changed the non-array value at {where} from {ref!r} "
+                    f"to {leaf!r} after step {step}; non-array values are compiled into the "
+                    "kernels as constants, so store values that change as jnp arrays"
+                )
+        out.append(leaf)
+    return jax.tree_util.tree_unflatten(old_def, out)
+
+
+def apply_hook(
+    hook: Callable[[int, Any, Any], tuple[Any, Any] | None],
+    step: int,
+    predictors: Any,
+    opt_state: Any,
+) -> tuple[Any, Any, bool]:
+    """Run `hook` and validate its result; returns `(predictors, opt_state, changed)`."""
+    result = hook(step, predictors, opt_state)
+    if result is None:
+        return predictors, opt_state, False
+    if not isinstance(result, tuple) or len(result) != 2:
+        raise TypeError(
+            f"between_steps hook returned {type(result).__name__} after step {step}; expected "
+            "None or a (predictors, opt_state) tuple"
+        )
+    new_predictors = _conform("predictors", step, predictors, result[0])
+    new_opt_state = _conform("opt_state", step, opt_state, result[1])
+    return new_predictors, new_opt_state, True

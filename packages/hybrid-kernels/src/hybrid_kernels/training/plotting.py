@@ -1,0 +1,141 @@
+"""Two plots for a training run: the loss history, and the fit against the data.
+
+matplotlib is an optional dependency (`pip install hybrid-kernels[plot]`); it is imported
+only when one of these functions is called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from hybrid_kernels.prediction import predict_dense
+
+__all__ = ["plot_fit", "plot_history"]
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "plotting needs matplotlib; install it with `pip install hybrid-kernels[plot]`"
+        ) from exc
+    return plt
+
+
+def plot_history(history: Sequence[float], *, ax: Any = None, log: bool = True) -> Any:
+    """Plot a loss history: the training loss per step, validation scores, skipped steps.
+
+    **Arguments:**
+
+    - `history`: the `loss_history` returned by `train_with_optax` (a
+        [`LossHistory`][hybrid_kernels.LossHistory]); a plain list of floats also works.
+    - `ax`: a matplotlib `Axes` to draw on; `None` makes a new figure.
+    - `log`: use a logarithmic loss axis.
+
+    **Returns:** the `Axes`.
+    """
+    plt = _pyplot()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.4, 3.6), layout="constrained")
+    losses = np.asarray(list(history), dtype=float)
+    steps = np.arange(losses.size)
+    ax.plot(steps, losses, lw=1.4, label="training loss")
+    val = getattr(history, "val", ())
+    if len(val):
+        vs, vl = np.asarray(val, dtype=float).T
+        ax.plot(vs, vl, "o-", ms=3, lw=1.0, label="validation")
+    for boundary in getattr(history, "phase_starts", ())[1:]:
+        ax.axvline(boundary - 0.5, color="0.6", ls=":", lw=1.0)
+    bad = [s for s in getattr(history, "bad_steps", ()) if s < losses.size]
+    if bad:
+        finite = losses[np.isfinite(losses)]
+        level = finite.max() if finite.size else 1.0
+        ax.plot(bad, np.full(len(bad), level), "x", color="C3", label="skipped (non-finite)")
+    best = getattr(history, "best_step", -1)
+    if best is not None and 0 <= best < losses.size:
+        ax.plot([best], [losses[best]], "*", ms=10, color="C2", label="best step")
+    if log and np.any(losses[np.isfinite(losses)] > 0):
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend(frameon=False)
+    return ax
+
+
+def plot_fit(
+    predictors: Any,
+    dataset: Any,
+    *,
+    simulate_fn: Callable[..., Any],
+    state_to_output: Callable[[Any], Any],
+    solver: Any,
+    exp_ids: Sequence[str] | None = None,
+    max_experiments: int = 4,
+    n_points: int = 200,
+    channels: Sequence[str] | None = None,
+) -> Any:
+    """Plot observations against the model's trajectories on a dense time grid.
+
+    One panel per experiment; per channel, the measured points and the predicted curve in the
+    same colour.
+
+    **Arguments:**
+
+    - `predictors`, `dataset`, `simulate_fn`, `state_to_output`, `solver`: the model and the
+        data, as for `predict_dense`.
+    - `exp_ids`: which experiments to show; `None` shows the first `max_experiments`.
+    - `max_experiments`: the number of panels when `exp_ids` is `None`.
+    - `n_points`: points of the dense grid per experiment.
+    - `channels`: names of the output channels to show; `None` shows all.
+
+    **Returns:** the matplotlib `Figure`.
+    """
+    plt = _pyplot()
+    names = list(dataset.output_channel_names)
+    shown = names if channels is None else list(channels)
+    for name in shown:
+        if name not in names:
+            raise ValueError(f"plot_fit: channel {name!r} is not one of {names}")
+    rows = []  # (exp_id, bucket index, row index)
+    for b, ids in enumerate(dataset.exp_ids):
+        weights = dataset.bucket_payloads[b].row_weights
+        for r, exp_id in enumerate(ids):
+            if weights is None or float(weights[r]) > 0:
+                rows.append((exp_id, b, r))
+    if exp_ids is None:
+        rows = rows[:max_experiments]
+    else:
+        known = {row[0]: row for row in rows}
+        missing = [e for e in exp_ids if e not in known]
+        if missing:
+            raise ValueError(f"plot_fit: unknown exp_ids {missing}")
+        rows = [known[e] for e in exp_ids]
+    if not rows:
+        raise ValueError("plot_fit: the dataset has no experiments to plot")
+    dense = predict_dense(
+        predictors, dataset, simulate_fn, state_to_output, solver, n_points=n_points
+    )
+    ncols = min(len(rows), 2)
+    nrows = -(-len(rows) // ncols)
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(4.2 * ncols, 2.8 * nrows), squeeze=False, layout="constrained"
+    )
+    for ax, (exp_id, b, r) in zip(axes.flat, rows, strict=False):
+        bp = dataset.bucket_payloads[b]
+        ts_dense, pred = (np.asarray(a) for a in dense[b])
+        ts = np.asarray(bp.ts[r])
+        for colour, name in enumerate(shown):
+            d = names.index(name)
+            m = np.asarray(bp.mask[r, :, d])
+            ax.plot(ts[m], np.asarray(bp.y_observed[r, :, d])[m], "o", ms=3, color=f"C{colour}")
+            ax.plot(ts_dense[r], pred[r, :, d], "-", lw=1.4, color=f"C{colour}", label=name)
+        ax.set_title(exp_id or f"bucket {b} row {r}", fontsize=9)
+        ax.set_xlabel("t")
+    for ax in list(axes.flat)[len(rows) :]:
+        ax.set_visible(False)
+    axes.flat[0].legend(frameon=False, fontsize=8)
+    return fig

@@ -1,0 +1,203 @@
+"""Tiny models shared by the `test_train_*` files.
+
+Every distinct (model, bucket shape) pair costs one ODE kernel compile (seconds on a 2-core
+CPU), and the trainer caches kernels per model, so these tests reuse few models and one bucket
+shape: three oscillator experiments of ten points each (one bucket, N=3, T=10).
+
+- The conftest `oscillator` (ω = 1.3) for most behaviour.
+- `FlagModel`: the oscillator plus an int32 metadata leaf and a trace counter; a penalty that
+  is NaN while the flag is set makes chosen steps non-finite (safe steps, hooks, recompiles).
+- `rate_model`: a `BoundedPredictor` rate in a decay model, for the bound penalty.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import hybrid_kernels as hk
+from conftest import Model, Omega, _osc_truth, oscillator_simulate, position_output, tiny_solver
+
+LENGTHS = (10, 10, 10)
+OMEGA_TRUE = 1.3
+
+
+def oscillator_model() -> Model:
+    """The conftest `oscillator` fixture's model, for subprocesses that cannot use fixtures."""
+    return Model(
+        predictors=(Omega(jnp.asarray(OMEGA_TRUE)),),
+        simulate_fn=oscillator_simulate,
+        state_to_output=position_output,
+        solver=tiny_solver(),
+        truth=_osc_truth(OMEGA_TRUE),
+        y0=lambda i: np.array([1.0, 0.2 * i]),
+        channel="x",
+    )
+
+
+def osc_dataset(oscillator: Any, *, noise: float = 0.0, seed: int = 0) -> hk.Dataset:
+    """The shared bucket shape: three oscillator experiments of ten points on [0, 4]."""
+    return oscillator.dataset(LENGTHS, t1=4.0, noise=noise, seed=seed)
+
+
+def omega_start(value: float = 1.0) -> tuple[Omega]:
+    return (Omega(jnp.asarray(value, dtype=jnp.result_type(float))),)
+
+
+def quiet(steps=(30,), lr=(0.05,), **kwargs: Any) -> hk.OptaxTrainingConfig:
+    return hk.OptaxTrainingConfig(steps=steps, lr=lr, verbose=False, **kwargs)
+
+
+def train(oscillator: Any, dataset: Any, config: Any, start: Any = None, **kwargs: Any):
+    kwargs.setdefault("key", jax.random.key(0))
+    return hk.train_with_optax(
+        omega_start() if start is None else start,
+        dataset,
+        config,
+        simulate_fn=oscillator.simulate_fn,
+        state_to_output=oscillator.state_to_output,
+        solver=oscillator.solver,
+        **kwargs,
+    )
+
+
+# --- FlagModel ----------------------------------------------------------------------------
+
+TRACES = {"simulate": 0, "penalty": 0}
+
+
+class Flag(eqx.Module):
+    """Integer metadata: a traced int32 array, as a bank's slot bookkeeping would be."""
+
+    flag: jax.Array
+
+
+def flag_simulate(predictors, ts, covariates, y0, solver):
+    TRACES["simulate"] += 1  # runs once per trace, never per call
+    return oscillator_simulate(predictors[:1], ts, covariates, y0, solver)
+
+
+def nan_while_flagged(predictors, points):
+    """0 normally; NaN (value and gradient) while the flag is set."""
+    TRACES["penalty"] += 1
+    omega, flag = predictors[0].omega, predictors[1].flag
+    # omega times (NaN or exactly 0): value and gradient are NaN only while flagged.
+    return omega * jnp.where(flag > 0, jnp.nan, 0.0).astype(omega.dtype)
+
+
+FLAG_SOLVER = tiny_solver()
+
+
+def flag_start(omega: float = 1.0, flag: int = 0) -> tuple[Omega, Flag]:
+    return (
+        Omega(jnp.asarray(omega, dtype=jnp.result_type(float))),
+        Flag(jnp.asarray(flag, dtype=jnp.int32)),
+    )
+
+
+def set_flag(predictors: Any, value: int) -> Any:
+    return eqx.tree_at(lambda p: p[1].flag, predictors, jnp.asarray(value, dtype=jnp.int32))
+
+
+def flag_config(**kwargs: Any) -> hk.OptaxTrainingConfig:
+    kwargs.setdefault("steps", (8,))
+    kwargs.setdefault("lr", (0.05,) * len(kwargs["steps"]))
+    return hk.OptaxTrainingConfig(
+        penalty_weight=(1.0,), penalty_fn=nan_while_flagged, verbose=False, **kwargs
+    )
+
+
+def flag_train(dataset: Any, config: Any, start: Any = None, **kwargs: Any):
+    kwargs.setdefault("key", jax.random.key(0))
+    return hk.train_with_optax(
+        flag_start() if start is None else start,
+        dataset,
+        config,
+        simulate_fn=flag_simulate,
+        state_to_output=position_output,
+        solver=FLAG_SOLVER,
+        **kwargs,
+    )
+
+
+# --- a bounded rate, for the bound penalty ------------------------------------------------
+
+
+class Affine(eqx.Module):
+    """latent_out = w * latent_in + b: enough for a bounded rate to saturate or not."""
+
+    w: jax.Array
+    b: jax.Array
+
+    def __call__(self, z):
+        return self.w * z + self.b
+
+
+def bounded_rate(b: float = 0.0, keys: tuple[str, ...] = ("scale",)) -> hk.BoundedPredictor:
+    return hk.BoundedPredictor(
+        Affine(jnp.ones((1,)) * 0.1, jnp.full((1,), b)),
+        in_scaler=hk.BoundScaler([(0.5, 2.0)]),
+        out_scaler=hk.BoundScaler([(0.0, 2.0)]),
+        input_keys=keys,
+    )
+
+
+def rate_simulate(predictors, ts, covariates, y0, solver):
+    (rate,) = predictors
+    k = rate(jnp.reshape(covariates["scale"], (1,)))[0]  # positional: input_keys are free
+
+    def vf(t, y, args):
+        return -k * y
+
+    return solver.diffeqsolve(diffrax.ODETerm(vf), ts, y0).ys
+
+
+def identity(full):
+    return full
+
+
+RATE_SOLVER = tiny_solver()
+
+
+def rate_dataset(k: float = 0.7) -> hk.Dataset:
+    exps = []
+    for i in range(3):
+        ts = np.linspace(0.0, 3.0, LENGTHS[i])
+        scale = 1.0 + 0.1 * i
+        y0 = np.array([1.0 + 0.25 * i])
+        ys = y0[0] * np.exp(-k * ts)
+        exps.append(
+            hk.make_experiment(
+                covariates={"scale": np.asarray(scale)},
+                channels={"y": hk.ChannelObs(ts, ys, 0.01)},
+                y0_fn=lambda c, ch, y0=y0: y0,
+                exp_id=f"rate{i}",
+            )
+        )
+    return hk.make_dataset(exps, output_channel_names=["y"])
+
+
+def rate_mask(predictors: Any) -> Any:
+    """Train the inner weights; the scalers' temperatures stay frozen (the convention)."""
+    mask = hk.trainable_mask(predictors)
+    return hk.freeze_modules_of_type(mask, predictors, hk.BoundScaler)
+
+
+def rate_train(dataset: Any, config: Any, start: Any = None, **kwargs: Any):
+    kwargs.setdefault("key", jax.random.key(0))
+    start = (bounded_rate(4.0),) if start is None else start
+    kwargs.setdefault("trainable", rate_mask(start))
+    return hk.train_with_optax(
+        start,
+        dataset,
+        config,
+        simulate_fn=rate_simulate,
+        state_to_output=identity,
+        solver=RATE_SOLVER,
+        **kwargs,
+    )

@@ -1,0 +1,208 @@
+"""OptaxTrainingConfig: validation on construction and the optimiser-switch rules."""
+
+import math
+
+import numpy as np
+import optax
+import pytest
+
+import hybrid_kernels as hk
+
+
+def cfg(**kwargs):
+    kwargs.setdefault("steps", (5,))
+    kwargs.setdefault("lr", (1e-2,) * len(kwargs["steps"]))
+    return hk.OptaxTrainingConfig(**kwargs)
+
+
+def test_single_phase_defaults_fill_every_phase_keyed_field():
+    c = cfg(steps=(3, 4))
+    assert c.optimizer == ("adamw", "adamw")
+    assert c.reset_optimiser_state == (False, False)
+    assert c.length_schedule == (1.0, 1.0)
+    assert c.n_phases == 2 and c.total_steps == 7
+
+
+def test_lists_are_normalised_to_tuples():
+    c = hk.OptaxTrainingConfig(steps=[2, 3], lr=[0.1, 0.01], length_schedule=[0.5, 1])
+    assert c.steps == (2, 3) and c.lr == (0.1, 0.01) and c.length_schedule == (0.5, 1.0)
+
+
+def test_empty_steps_raise():
+    with pytest.raises(ValueError, match="at least one phase"):
+        cfg(steps=(), lr=())
+
+
+@pytest.mark.parametrize("steps", [(0,), (3, -1), (2.5,)])
+def test_steps_must_be_positive_integers(steps):
+    with pytest.raises(ValueError, match=r"steps\[\d\]"):
+        cfg(steps=steps, lr=(0.1,) * len(steps))
+
+
+def test_steps_must_be_a_tuple_not_a_number():
+    with pytest.raises(ValueError, match="steps must be a tuple"):
+        hk.OptaxTrainingConfig(steps=5, lr=(0.1,))
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("lr", (0.1,)),
+        ("optimizer", ("adamw",)),
+        ("reset_optimiser_state", (False, True, False)),
+        ("length_schedule", (1.0,)),
+    ],
+)
+def test_phase_keyed_field_length_mismatch_raises(field, value):
+    kwargs = {"steps": (2, 2), "lr": (0.1, 0.1), field: value}
+    with pytest.raises(ValueError, match=f"{field} has {len(value)} entries but steps has 2"):
+        hk.OptaxTrainingConfig(**kwargs)
+
+
+@pytest.mark.parametrize("fraction", [0.0, -0.1, 1.01, math.nan])
+def test_length_fraction_outside_zero_one_raises(fraction):
+    with pytest.raises(ValueError, match=r"length_schedule\[0\].*must lie in \(0, 1\]"):
+        cfg(length_schedule=(fraction,))
+
+
+def test_length_fraction_exactly_one_is_accepted():
+    assert cfg(length_schedule=(1.0,)).length_schedule == (1.0,)
+
+
+@pytest.mark.parametrize("lr", [-1e-3, math.inf, math.nan])
+def test_bad_learning_rate_raises(lr):
+    with pytest.raises(ValueError, match=r"lr\[0\]"):
+        cfg(lr=(lr,))
+
+
+def test_unknown_optimizer_name_lists_the_known_names():
+    with pytest.raises(ValueError, match=r"not a known name.*adabelief"):
+        cfg(optimizer=("adamm",))
+
+
+def test_optimizer_names_are_case_and_space_insensitive():
+    assert cfg(optimizer=(" AdaBelief ",)).optimizer == ("adabelief",)
+
+
+def test_optimizer_that_is_neither_name_factory_nor_transformation_raises():
+    with pytest.raises(ValueError, match="not a name, a factory"):
+        cfg(optimizer=(3,))
+
+
+# --- optimiser switch rules --------------------------------------------------------------
+
+
+def test_switching_optimizer_without_reset_raises():
+    with pytest.raises(ValueError, match=r"phase 1 changes optimizer.*reset_optimiser_state\[1\]"):
+        cfg(steps=(2, 2), optimizer=("adamw", "adabelief"))
+
+
+def test_switching_optimizer_with_reset_is_allowed():
+    c = cfg(steps=(2, 2), optimizer=("adamw", "sgd"), reset_optimiser_state=(False, True))
+    assert c.optimizer == ("adamw", "sgd")
+
+
+def test_same_optimizer_needs_no_reset_even_when_lr_changes():
+    c = cfg(steps=(2, 2), lr=(0.1, 0.01), optimizer=("adam", "adam"))
+    assert c.reset_optimiser_state == (False, False)
+
+
+def test_same_factory_object_needs_no_reset():
+    c = cfg(steps=(2, 2), optimizer=(optax.adam, optax.adam))
+    assert c.optimizer[0] is c.optimizer[1]
+
+
+def test_lr_change_on_a_raw_transformation_without_reset_raises():
+    raw = optax.sgd(0.1)
+    with pytest.raises(ValueError, match="rate is baked"):
+        cfg(steps=(2, 2), lr=(0.1, 0.01), optimizer=(raw, raw))
+
+
+def test_lr_change_on_a_raw_transformation_with_reset_is_allowed():
+    raw = optax.sgd(0.1)
+    c = cfg(steps=(2, 2), lr=(0.1, 0.01), optimizer=(raw, raw), reset_optimiser_state=(False, True))
+    assert c.optimizer[1] is raw
+
+
+# --- penalties, loss, tournament, the rest ----------------------------------------------------
+
+
+def test_penalty_weight_broadcasts_from_length_one():
+    c = cfg(steps=(2, 3), penalty_weight=(0.5,))
+    assert [c.penalty_weight_for_phase(p) for p in range(2)] == [0.5, 0.5]
+
+
+def test_penalty_weight_per_phase():
+    c = cfg(steps=(2, 3), penalty_weight=(0.0, 2.0))
+    assert [c.penalty_weight_for_phase(p) for p in range(2)] == [0.0, 2.0]
+
+
+def test_penalty_weight_bad_length_raises():
+    with pytest.raises(ValueError, match="penalty_weight must have 1 entry"):
+        cfg(steps=(2, 3), penalty_weight=(0.1, 0.2, 0.3))
+
+
+@pytest.mark.parametrize("w, words", [(-1.0, "non-negative"), (math.inf, "finite")])
+def test_penalty_weight_negative_or_non_finite_raises(w, words):
+    with pytest.raises(ValueError, match=words):
+        cfg(penalty_weight=(w,))
+
+
+def test_penalty_points_must_be_rank_two():
+    with pytest.raises(ValueError, match=r"penalty_points\[0\] must be a rank-2"):
+        cfg(penalty_points=(np.zeros(3),))
+
+
+def test_trajectory_weight_without_function_raises():
+    with pytest.raises(ValueError, match="trajectory_penalty_fn is None"):
+        cfg(trajectory_penalty_weight=1.0)
+
+
+def test_unknown_reduction_raises():
+    with pytest.raises(ValueError, match="reduction='mean'"):
+        cfg(reduction="mean")
+
+
+def test_unknown_monitor_raises():
+    with pytest.raises(ValueError, match="monitor='test'"):
+        cfg(monitor="test")
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("tournament_attempts", 0),
+        ("tournament_steps", -1),
+        ("patience", -1),
+        ("max_bad_steps", 0),
+        ("log_every", 0),
+        ("val_every", 0),
+        ("checkpoint_every", -1),
+    ],
+)
+def test_counts_out_of_range_raise(field, value):
+    with pytest.raises(ValueError, match=field):
+        cfg(**{field: value})
+
+
+def test_checkpoint_every_needs_a_path():
+    with pytest.raises(ValueError, match="checkpoint_path is None"):
+        cfg(checkpoint_every=5)
+
+
+def test_tournament_is_on_only_with_several_attempts_and_some_steps():
+    assert not cfg(tournament_attempts=3).tournament_enabled()
+    assert not cfg(tournament_steps=3).tournament_enabled()
+    assert cfg(tournament_attempts=3, tournament_steps=2).tournament_enabled()
+
+
+def test_config_is_frozen():
+    c = cfg()
+    with pytest.raises(AttributeError):
+        c.steps = (1,)
+
+
+def test_fingerprint_ignores_display_and_checkpoint_settings_only():
+    a = cfg(verbose=True, log_every=1)
+    assert a.fingerprint() == cfg(verbose=False, log_every=4).fingerprint()
+    assert a.fingerprint() != cfg(lr=(0.5,)).fingerprint()

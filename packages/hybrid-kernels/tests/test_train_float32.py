@@ -1,0 +1,45 @@
+"""float32 with x64 off (jax's default): the trainer converges and keeps float32 throughout.
+
+x64 is process-global and other test modules switch it on, so this runs in a subprocess.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+
+CHILD = """
+    import json
+    import jax
+    assert not jax.config.read("jax_enable_x64")
+    from _train_models import omega_start, osc_dataset, oscillator_model, quiet, train
+
+    osc = oscillator_model()
+    data = osc_dataset(osc, noise=0.01, seed=1)
+    history, trained = train(osc, data, quiet(steps=(80,), lr=(0.05,)), start=omega_start(1.0))
+    print(json.dumps({
+        "omega": float(trained[0].omega),
+        "dtype": str(trained[0].omega.dtype),
+        "final": history[-1],
+        "bad": history.bad_steps,
+    }))
+"""
+
+
+@pytest.mark.slow
+def test_float32_training_converges_with_x64_off(tmp_path):
+    script = tmp_path / "f32.py"
+    script.write_text(textwrap.dedent(CHILD))
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "JAX_ENABLE_X64": "0"}
+    child = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    assert child.returncode == 0, child.stderr[-3000:]
+    out = json.loads(child.stdout.strip().splitlines()[-1])
+    assert out["dtype"] == "float32"
+    assert abs(out["omega"] - 1.3) / 1.3 < 0.02
+    assert out["final"] < 1e-2 and out["bad"] == []

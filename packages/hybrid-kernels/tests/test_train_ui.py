@@ -1,0 +1,136 @@
+"""Progress reporting: the event protocol, RecordingUI, LogUI, RichUI, silence."""
+
+import io
+import sys
+
+import jax
+import pytest
+from _train_models import osc_dataset, quiet, train
+
+import hybrid_kernels as hk
+
+jax.config.update("jax_enable_x64", True)
+
+
+@pytest.fixture(scope="module")
+def clean(oscillator):
+    return osc_dataset(oscillator)
+
+
+@pytest.fixture(scope="module")
+def recorded(oscillator, clean):
+    ui = hk.RecordingUI()
+    history, _ = train(oscillator, clean, quiet(steps=(4, 3), lr=(0.05, 0.01)), ui=ui)
+    return ui, history
+
+
+def test_one_step_event_per_step_with_global_indices(recorded):
+    ui, history = recorded
+    steps = ui.of("on_step_end")
+    assert [s["step"] for s in steps] == list(range(7))
+    assert [s["phase_idx"] for s in steps] == [0] * 4 + [1] * 3
+    assert [s["loss"] for s in steps] == list(history)
+
+
+def test_compile_events_come_before_the_first_step(recorded):
+    ui, _ = recorded
+    names = [n for n, _ in ui.events]
+    assert names.count("on_compile_start") == names.count("on_compile_done") == 1
+    labels = [e["label"] for e in ui.of("on_compile_progress")]
+    assert "bucket_step N=3 T=10" in labels and labels[-1] == "update"
+    assert names.index("on_compile_done") < names.index("on_step_end")
+
+
+def test_run_and_phase_brackets(recorded):
+    ui, history = recorded
+    names = [n for n, _ in ui.events]
+    assert names[0] == "on_run_start" and names[-1] == "on_run_end"
+    assert ui.of("on_run_start") == [{"total_steps": 7, "num_phases": 2}]
+    assert [e["phase_idx"] for e in ui.of("on_phase_start")] == [0, 1]
+    assert [e["phase_idx"] for e in ui.of("on_phase_end")] == [0, 1]
+    assert ui.of("on_phase_start")[1]["lr"] == 0.01
+    assert [e["start_step"] for e in ui.of("on_phase_start")] == [0, 4]
+    assert ui.of("on_run_end")[0]["final_loss"] == history.best_loss
+
+
+def test_not_verbose_is_silent(oscillator, clean, capsys):
+    train(oscillator, clean, quiet(steps=(3,)))
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
+
+
+def test_verbose_off_a_terminal_prints_plain_log_lines(oscillator, clean, capsys):
+    config = hk.OptaxTrainingConfig(steps=(12,), lr=(0.05,), verbose=True)
+    train(oscillator, clean, config)
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("phase 0 step")]
+    assert [line.split()[3] for line in lines] == ["10/12", "12/12"]  # every 10 and phase end
+    assert "steps/s" in lines[0] and "ETA" in lines[0] and "loss=" in lines[0]
+    assert "compiled 1/2 bucket_step N=3 T=10" in out
+
+
+def test_log_ui_writes_every_k_steps_to_its_stream(oscillator, clean):
+    stream = io.StringIO()
+    train(oscillator, clean, quiet(steps=(6,)), ui=hk.LogUI(every=2, stream=stream))
+    steps = [
+        line.split()[3]
+        for line in stream.getvalue().splitlines()
+        if line.startswith("phase 0 step")
+    ]
+    assert steps == ["2/6", "4/6", "6/6"]
+
+
+def test_rich_ui_shows_phase_step_loss_rate_eta_and_compile_progress(oscillator, clean):
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=160)
+    train(oscillator, clean, quiet(steps=(5,), lr=(0.05,)), ui=hk.RichUI(console=console))
+    text = buffer.getvalue()
+    for words in ("phase 1/1", "5/5", "loss", "penalty", "steps/s", "ETA", "compiling"):
+        assert words in text, words
+    assert "update" in text and "done" in text
+
+
+def test_default_ui_picks_rich_on_a_terminal_and_log_lines_elsewhere(monkeypatch):
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert isinstance(hk.default_ui(False), hk.SilentUI)
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    assert isinstance(hk.default_ui(True), hk.LogUI)
+    monkeypatch.setattr(sys, "stdout", Tty())
+    assert isinstance(hk.default_ui(True), hk.RichUI)
+
+
+def test_explicit_ui_wins_over_verbose(oscillator, clean, capsys):
+    ui = hk.RecordingUI()
+    train(oscillator, clean, hk.OptaxTrainingConfig(steps=(2,), lr=(0.05,), verbose=True), ui=ui)
+    assert capsys.readouterr().out == ""
+    assert ui.count("on_step_end") == 2
+
+
+def test_ui_without_the_event_methods_raises(oscillator, clean):
+    class Half:
+        def on_step_end(self, **kw):
+            pass
+
+    with pytest.raises(TypeError, match=r"lacks the TrainingUI methods.*on_run_start"):
+        train(oscillator, clean, quiet(), ui=Half())
+
+
+def test_custom_ui_subclass_overrides_only_what_it_needs(oscillator, clean):
+    losses = []
+
+    class Collect(hk.TrainingUI):
+        def on_step_end(self, *, loss, **kw):
+            losses.append(loss)
+
+    history, _ = train(oscillator, clean, quiet(steps=(3,)), ui=Collect())
+    assert losses == list(history)
+
+
+def test_log_ui_rejects_a_bad_interval():
+    with pytest.raises(ValueError, match="every must be at least 1"):
+        hk.LogUI(every=0)

@@ -1,0 +1,45 @@
+"""Session-wide fixtures: one float64 training run with transitions, shared by several tests.
+
+Compiling the ODE kernels dominates the cost on a small CPU, so the standard run is trained
+once per session and every test reads what it needs from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+jax.config.update("jax_enable_x64", True)
+
+# The problem definition is example code, shared with examples/demo.py.
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+sys.path.insert(0, str(EXAMPLES))
+
+import hybrid_problem as P  # noqa: E402
+
+
+@dataclasses.dataclass
+class StandardRun:
+    dataset: Any
+    domain: tuple[float, float]
+    history: Any
+    bank: Any
+    hook: P.BankTransitions
+    simulate: P.TraceCounter
+
+
+@pytest.fixture(scope="session")
+def standard_run() -> StandardRun:
+    dataset = P.make_dataset(dtype=jnp.float64)
+    domain = P.data_range(dataset)
+    objective = P.bucket_objective(dataset, P.make_solver(jnp.float64))
+    hook = P.BankTransitions(P.STANDARD_PLAN, domain, error_budget=1e-3, objective=objective)
+    simulate = P.TraceCounter(P.simulate)
+    history, bank = P.run_standard(dataset, dtype=jnp.float64, hooks=hook, simulate_fn=simulate)
+    return StandardRun(dataset, domain, history, bank, hook, simulate)
