@@ -15,7 +15,11 @@ Measured, each against a baseline timed in the same run:
 - time to the first step in a second process with JAX's persistent compilation cache, against
   the first process (kernels built with `SolverConfig(throw=False)`).
 
-Run: `python benchmarks/kernels.py` (several minutes) or `--quick` (a smoke test).
+Run: `python benchmarks/kernels.py` (about 20 minutes on a 2-core CPU) or `--quick` (a smoke
+test of a minute or two: compiling even the smallest ODE kernel takes seconds). `--parts`
+picks measurements, `--max-shapes` the padded policy's bound, `--adjoint recursive` diffrax's
+default adjoint instead of `DirectAdjoint`, `--exact-shapes 64` compiles every exact shape
+instead of extrapolating from a sample. Every first-step time comes from a fresh process.
 """
 
 from __future__ import annotations

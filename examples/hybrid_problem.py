@@ -130,10 +130,7 @@ def state_to_output(states):
 # --8<-- [start:trainable]
 def bank_trainable(predictors) -> Any:
     """Train the bank's float blocks except the shared scale (kept equal for exact merges)."""
-    mask = hk.trainable_mask(predictors)
-    leaves, treedef = jax.tree.flatten(mask)
-    leaves[cb.STATE_NAMES.index("scales")] = False
-    return jax.tree.unflatten(treedef, leaves)
+    return hk.freeze_paths(hk.trainable_mask(predictors), ["0.scales"])
 
 
 # --8<-- [end:trainable]

@@ -319,3 +319,11 @@ def test_banks_are_immutable(pair_bank):
     with pytest.raises(dataclasses.FrozenInstanceError):
         pair_bank.weights = pair_bank.weights  # type: ignore[misc]
     assert bank_module.ConfluentPackBank is cb.ConfluentPackBank
+
+
+def test_key_paths_name_the_state_blocks():
+    bank = cb.init_confluent_bank([cb.RefinedPack(0, 0.0, 1.0)], max_packs=2, max_order=1)
+    paths = [
+        jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(bank)[0]
+    ]
+    assert paths == [f".{name}" for name in cb.STATE_NAMES]

@@ -265,3 +265,26 @@ def test_loading_never_returns_a_partially_valid_bank(tmp_path, pair_bank):
     with pytest.raises(ValueError, match="representation"):
         cb.bank_from_checkpoint(data)
     np.testing.assert_array_equal(pair_bank.transition_version, 0)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda d: d["state"]["centers"].update(shape=[10**12]),
+        lambda d: d.update(max_order=10**9),
+    ],
+)
+def test_huge_declared_sizes_are_rejected_before_allocating(pair_bank, edit):
+    with pytest.raises(ValueError, match=r"centers|configuration"):
+        cb.bank_from_checkpoint(corrupt(pair_bank, edit))
+
+
+@pytest.mark.parametrize("dtype", ["float64,", "f8", "<f8", "(2,)float64", "object", "", 64])
+def test_dtype_names_outside_the_snapshot_format_are_a_value_error(pair_bank, dtype):
+    # numpy would parse some of these (or raise SyntaxError on "float64,"); none is a name a
+    # snapshot writes.
+    def edit(data):
+        data["state"]["centers"]["dtype"] = dtype
+
+    with pytest.raises(ValueError, match="centers"):
+        cb.bank_from_checkpoint(corrupt(pair_bank, edit))

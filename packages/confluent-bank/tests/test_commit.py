@@ -257,6 +257,47 @@ def test_a_commit_reads_the_device_once_and_writes_back_in_one_transfer(pb, monk
     assert (len(reads), len(puts)) == (2, 1)  # one read for the proposal, one for the commit
 
 
+def test_a_commit_keeps_uncommitted_blocks_uncommitted(pb):
+    assert not pb.weights.committed
+    candidate, _, _ = cb.commit_transition(
+        pb, pb.propose_pair(0, 1), moments(pb), between_steps=True, acceptance=always
+    )
+    assert not any(getattr(candidate, name).committed for name in cb.STATE_NAMES)
+
+
+def test_a_commit_keeps_committed_blocks_on_their_device(pb):
+    device = jax.devices()[0]
+    placed = jax.tree.map(lambda leaf: jax.device_put(leaf, device), pb)
+    candidate, _, _ = cb.commit_transition(
+        placed, placed.propose_pair(0, 1), moments(placed), between_steps=True, acceptance=always
+    )
+    for name in cb.STATE_NAMES:
+        leaf = getattr(candidate, name)
+        assert leaf.committed and leaf.sharding == getattr(placed, name).sharding, name
+
+
+_BACKEND_COMPILES: list[str] = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda name, *_, **__: (
+        _BACKEND_COMPILES.append(name)
+        if name == "/jax/core/compile/backend_compile_duration"
+        else None
+    )
+)
+
+
+def test_a_commit_does_not_recompile_a_jitted_forward(pb):
+    forward = jax.jit(lambda bank, z: bank.forward(z))
+    z = jnp.linspace(-1.0, 1.0, 7)
+    forward(pb, z).block_until_ready()
+    candidate, _, _ = cb.commit_transition(
+        pb, pb.propose_pair(0, 1), moments(pb), between_steps=True, acceptance=always
+    )
+    before = len(_BACKEND_COMPILES)
+    forward(candidate, z).block_until_ready()
+    assert len(_BACKEND_COMPILES) == before
+
+
 # --- the other kinds end to end (seed tests 4 and 9) -----------------------------------------
 
 

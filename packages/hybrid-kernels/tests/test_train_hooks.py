@@ -56,6 +56,32 @@ def test_value_and_integer_metadata_edits_do_not_recompile(clean):
     assert TRACES == before  # neither simulate_fn nor the penalty retraced
 
 
+_BACKEND_COMPILES: list[str] = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda name, *_, **__: (
+        _BACKEND_COMPILES.append(name)
+        if name == "/jax/core/compile/backend_compile_duration"
+        else None
+    )
+)
+
+
+def test_committed_replacements_are_placed_like_the_run_without_recompiling(clean):
+    # jit compiles once per input placement: arrays device_put on a device (committed) where
+    # the run had uncommitted ones would recompile every kernel although nothing retraces.
+    device = jax.devices()[0]
+
+    def commit_everything(step, predictors, opt_state):
+        place = lambda x: jax.device_put(x, device) if eqx.is_array(x) else x  # noqa: E731
+        return jax.tree.map(place, predictors), jax.tree.map(place, opt_state)
+
+    flag_train(clean, flag_config(steps=(3,)), hooks=lambda step, p, s: (p, s))  # warm up
+    before = len(_BACKEND_COMPILES)
+    history, _ = flag_train(clean, flag_config(steps=(4,)), hooks=commit_everything)
+    assert len(history) == 4 and np.all(np.isfinite(history))
+    assert len(_BACKEND_COMPILES) == before
+
+
 def test_numpy_and_weak_typed_replacements_are_conformed_without_recompiling(clean):
     flag_train(clean, flag_config(steps=(2,)))
     before = dict(TRACES)

@@ -10,8 +10,6 @@ private-by-convention concept module.
 """
 
 from confluent_bank.__about__ import __version__
-
-# --- bank core (owner: bank-core helper) ---
 from confluent_bank._host import snapshot_digest
 from confluent_bank.activations import (
     ActivationSpec,
@@ -36,12 +34,10 @@ from confluent_bank.bounds import (
     within_error_budget,
 )
 from confluent_bank.checkpoint import bank_from_checkpoint, load_checkpoint, save_checkpoint
+from confluent_bank.commit import commit_transition, detect_transitions
 from confluent_bank.legacy import AdaptivePackBank, init_pack_bank, legacy_forward, migrate_legacy
 from confluent_bank.moments import Interval, MomentInitialization, initialize_moments, pair_moments
 from confluent_bank.records import RefinedPack, SlotUpdate, TransitionProposal
-
-# --- transitions (owner: transitions helper) ---
-from confluent_bank.commit import commit_transition, detect_transitions
 from confluent_bank.transport import (
     ExactTransportAdapter,
     NamedMomentState,
@@ -53,49 +49,47 @@ from confluent_bank.transport import (
 )
 
 __all__ = [
-    "__version__",
-    # --- bank core names ---
     "PARAMETER_NAMES",
     "STATE_NAMES",
     "ActivationSpec",
+    "AdaptivePackBank",
     "ConfluentPackBank",
+    "ExactTransportAdapter",
+    "Interval",
+    "MomentInitialization",
+    "NamedMomentState",
+    "OptimizerStateAdapter",
     "RefinedPack",
     "SlotUpdate",
     "TransitionProposal",
+    "__version__",
     "bank_forward",
+    "bank_from_checkpoint",
     "bank_slot_terms",
+    "cluster_remainder",
     "collision_atom",
+    "commit_transition",
+    "derivative_bound",
+    "detect_transitions",
     "get_activation",
     "init_confluent_bank",
-    "moment_atom",
-    "retract_spread",
-    "sigma_tower",
-    "sigma_tower_rows",
-    "snapshot_digest",
-    "Interval",
-    "MomentInitialization",
-    "initialize_moments",
-    "pair_moments",
-    "AdaptivePackBank",
-    "bank_from_checkpoint",
-    "cluster_remainder",
-    "derivative_bound",
     "init_pack_bank",
+    "initialize_moments",
     "legacy_forward",
     "load_checkpoint",
     "migrate_legacy",
+    "moment_atom",
     "pair_derivative_error",
+    "pair_moments",
     "pair_series_error",
-    "save_checkpoint",
-    "within_error_budget",
-    # --- transition names ---
-    "ExactTransportAdapter",
-    "NamedMomentState",
-    "OptimizerStateAdapter",
-    "commit_transition",
-    "detect_transitions",
     "permute_bank",
     "relabel_tanh_sign",
     "reset_slot_state",
+    "retract_spread",
+    "save_checkpoint",
+    "sigma_tower",
+    "sigma_tower_rows",
+    "snapshot_digest",
     "transport_optimizer_state",
+    "within_error_budget",
 ]

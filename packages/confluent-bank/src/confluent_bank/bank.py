@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
+from confluent_bank import proposals
 from confluent_bank._host import (
     PARAMETER_NAMES,
     SCHEMA_VERSION,
@@ -45,7 +46,7 @@ _BASES = ("sigmoid", "tanh")
 _PAIR_TOWER_HEIGHT = 11  # the centred-pair series needs rows 0..2T−1 with T = 6
 
 
-@jax.tree_util.register_pytree_node_class
+@jax.tree_util.register_pytree_with_keys_class
 @dataclasses.dataclass(frozen=True, eq=False)
 class ConfluentPackBank:
     """A functional bank of `P = max_packs` slots, each an ordinary atom, a centred pair or a
@@ -80,6 +81,13 @@ class ConfluentPackBank:
 
     def tree_flatten(self) -> tuple[tuple[Array, ...], tuple[int, str]]:
         return tuple(getattr(self, name) for name in STATE_NAMES), (self.max_order, self.base)
+
+    def tree_flatten_with_keys(self) -> tuple[tuple[tuple[Any, Array], ...], tuple[int, str]]:
+        # Named keys, so key paths read `bank.scales` (masks, freezers and error messages).
+        children = tuple(
+            (jax.tree_util.GetAttrKey(name), getattr(self, name)) for name in STATE_NAMES
+        )
+        return children, (self.max_order, self.base)
 
     @classmethod
     def tree_unflatten(cls, aux: tuple[int, str], children: Sequence[Any]) -> ConfluentPackBank:
@@ -183,34 +191,24 @@ class ConfluentPackBank:
         self, first: int, second: int, *, error_budget: float = 0.0
     ) -> TransitionProposal:
         """Two common-scale ordinary order-0 slots → one centred pair (exact). See spec 3.1."""
-        from confluent_bank import proposals
-
         return proposals.propose_pair(self, first, second, error_budget=error_budget)
 
     def propose_cluster(
         self, slots: tuple[int, ...], *, order: int, error_budget: float
     ) -> TransitionProposal:
         """Common-scale ordinary order-0 cluster → one truncated moment slot. See spec 3.2."""
-        from confluent_bank import proposals
-
         return proposals.propose_cluster(self, slots, order=order, error_budget=error_budget)
 
     def propose_derivative(self, slot: int, *, error_budget: float) -> TransitionProposal:
         """Centred pair → its `ρ = 0` limit (a derivative atom). See spec 3.3."""
-        from confluent_bank import proposals
-
         return proposals.propose_derivative(self, slot, error_budget=error_budget)
 
     def propose_remove_zero(self, slot: int) -> TransitionProposal:
         """Switch off an ordinary slot whose weight is exactly 0. See spec 3.4."""
-        from confluent_bank import proposals
-
         return proposals.propose_remove_zero(self, slot)
 
     def propose_birth(self, slot: int, pack: RefinedPack) -> TransitionProposal:
         """Reuse an inactive slot for a zero-output atom. See spec 3.5."""
-        from confluent_bank import proposals
-
         return proposals.propose_birth(self, slot, pack)
 
 

@@ -56,13 +56,20 @@ def _block(state: Mapping[str, Any], name: str) -> tuple[tuple[int, ...], str, l
     return tuple(shape), dtype, list(values)
 
 
+# The only dtype names a snapshot can hold. Anything else is rejected before numpy parses it:
+# numpy's dtype parser accepts (and chokes on) far more, e.g. "f8,", which raises SyntaxError.
+_DTYPE_NAMES = frozenset(
+    {"bool", "bfloat16", "float16", "float32", "float64", "complex64", "complex128"}
+    | {f"{kind}{bits}" for kind in ("int", "uint") for bits in (8, 16, 32, 64)}
+)
+
+
 def _dtype(name: str, dtype: str) -> np.dtype:
-    try:
-        parsed = jnp.dtype(dtype)
-    except (TypeError, ValueError):
+    if not isinstance(dtype, str) or dtype not in _DTYPE_NAMES:
         raise ValueError(
             f"checkpoint shape/dtype not supported for {name}: unknown dtype {dtype!r}"
-        ) from None
+        )
+    parsed = jnp.dtype(dtype)
     if str(parsed) != dtype or jax.dtypes.canonicalize_dtype(parsed) != parsed:
         # e.g. float64 while x64 is disabled: loading would silently truncate.
         raise ValueError(
@@ -128,9 +135,18 @@ def bank_from_checkpoint(checkpoint: Mapping[str, Any]) -> ConfluentPackBank:
         raise ValueError("checkpoint base must be a string and max_order an integer")
 
     blocks = {name: _block(state, name) for name in STATE_NAMES}
-    center_shape, center_dtype, _ = blocks["centers"]
-    if len(center_shape) != 1:
-        raise ValueError("checkpoint shape/dtype not supported for centers: expected (P,)")
+    center_shape, center_dtype, center_values = blocks["centers"]
+    if len(center_shape) != 1 or center_shape[0] != len(center_values):
+        raise ValueError(
+            "checkpoint shape/dtype not supported for centers: expected shape [P] with P values"
+        )
+    # The capacity and order are checked against the stored data before anything is allocated,
+    # so a hand-edited shape or max_order cannot request a huge empty bank.
+    if center_shape[0] * (max_order + 1) != len(blocks["moment_coefficients"][2]):
+        raise ValueError(
+            "checkpoint configuration disagrees with its bound state: moment_coefficients does "
+            f"not hold max_packs x (max_order + 1) = {center_shape[0]} x {max_order + 1} values"
+        )
     float_dtype = _dtype("centers", center_dtype)
     if not jnp.issubdtype(float_dtype, jnp.floating):
         raise ValueError("checkpoint trainables must share a real floating dtype")

@@ -82,12 +82,19 @@ def _candidate(bank: Any, host: Mapping[str, np.ndarray], changed: dict[str, np.
     changed = {**changed, "transition_version": np.asarray(version + 1, dtype=version.dtype)}
     names = tuple(changed)
     originals = [getattr(bank, name) for name in names]
-    shardings = [getattr(leaf, "sharding", None) for leaf in originals]
     values = [changed[name] for name in names]
-    if all(sharding is not None for sharding in shardings):
-        arrays = jax.device_put(values, shardings)
-    else:
+    # Keep each block's placement *and* committedness: jit compiles separately for committed
+    # and uncommitted inputs of the same shape, so changing either would recompile kernels.
+    committed = [bool(getattr(leaf, "committed", False)) for leaf in originals]
+    if all(committed):
+        arrays = jax.device_put(values, [leaf.sharding for leaf in originals])
+    elif not any(committed):
         arrays = jax.device_put(values)
+    else:
+        arrays = [
+            jax.device_put(value, leaf.sharding) if is_committed else jax.device_put(value)
+            for value, leaf, is_committed in zip(values, originals, committed, strict=True)
+        ]
     return dataclasses.replace(bank, **dict(zip(names, arrays, strict=True)))
 
 

@@ -9,8 +9,7 @@ The public surface is exactly what ``__all__`` lists.
 """
 
 from hybrid_kernels.__about__ import __version__
-
-# --- kernels core (owner: kernels-core helper) ---
+from hybrid_kernels.bounded import BoundedPredictor, BoundScaler
 from hybrid_kernels.data import (
     BucketPayload,
     ChannelObs,
@@ -40,29 +39,6 @@ from hybrid_kernels.losses import (
     masked_mse,
     resolve_loss_fn,
 )
-from hybrid_kernels.reductions import (
-    REDUCTIONS,
-    bucket_weights,
-    combine_bucket_grads,
-)
-from hybrid_kernels.sharding import make_row_mesh
-from hybrid_kernels.solver import (
-    ADJOINT_REGISTRY,
-    SOLVER_REGISTRY,
-    SolverConfig,
-    register_adjoint,
-    register_solver,
-)
-from hybrid_kernels.trainable import (
-    default_trainable,
-    freeze_modules_of_type,
-    freeze_paths,
-    freeze_where,
-    trainable_mask,
-)
-
-# --- penalties, prediction, serialisation (owner: kernels-extras helper) ---
-from hybrid_kernels.bounded import BoundedPredictor, BoundScaler
 from hybrid_kernels.penalties import (
     PenaltyPointSource,
     bound_penalty,
@@ -80,16 +56,27 @@ from hybrid_kernels.prediction import (
     predict_dataset,
     predict_dense,
 )
-from hybrid_kernels.serialise import load_predictors, read_predictors_metadata, save_predictors
-from hybrid_kernels.trajectory import (
-    attach_penalty_state,
-    penalty_integral,
-    penalty_vector_field,
-    strip_penalty_state,
-    trajectory_saturation_penalty,
+from hybrid_kernels.reductions import (
+    REDUCTIONS,
+    bucket_weights,
+    combine_bucket_grads,
 )
-
-# --- training (owner: training helper) ---
+from hybrid_kernels.serialise import load_predictors, read_predictors_metadata, save_predictors
+from hybrid_kernels.sharding import make_row_mesh
+from hybrid_kernels.solver import (
+    ADJOINT_REGISTRY,
+    SOLVER_REGISTRY,
+    SolverConfig,
+    register_adjoint,
+    register_solver,
+)
+from hybrid_kernels.trainable import (
+    default_trainable,
+    freeze_modules_of_type,
+    freeze_paths,
+    freeze_where,
+    trainable_mask,
+)
 from hybrid_kernels.training import (
     OPTIMIZER_REGISTRY,
     BetweenStepsHook,
@@ -114,92 +101,96 @@ from hybrid_kernels.training import (
     train_seed_ensemble,
     train_with_optax,
 )
+from hybrid_kernels.trajectory import (
+    attach_penalty_state,
+    penalty_integral,
+    penalty_vector_field,
+    strip_penalty_state,
+    trajectory_saturation_penalty,
+)
 
 __all__ = [
-    "__version__",
-    # --- kernels core names ---
     "ADJOINT_REGISTRY",
     "LOSS_REGISTRY",
+    "OPTIMIZER_REGISTRY",
     "REDUCTIONS",
     "SOLVER_REGISTRY",
+    "BetweenStepsHook",
+    "BoundScaler",
+    "BoundedPredictor",
     "BucketPayload",
+    "ChannelMetrics",
     "ChannelObs",
     "Dataset",
     "Experiment",
+    "LogUI",
+    "LossHistory",
+    "NonFiniteTrainingError",
+    "OptaxTrainingConfig",
+    "PenaltyPointSource",
+    "RecordingUI",
+    "RichUI",
+    "SilentUI",
     "SolverConfig",
+    "TrainingState",
+    "TrainingUI",
+    "__version__",
+    "annealing_schedule",
     "apply_length_mask",
+    "attach_penalty_state",
     "bal_mle",
     "bal_mse",
+    "bound_penalty",
+    "box_grid",
     "bucket_weights",
     "build_apply_update",
     "build_bucket_step",
     "build_penalty_step",
     "build_score_bucket",
     "combine_bucket_grads",
+    "compute_metrics",
+    "data_penalty_points",
     "default_trainable",
+    "default_ui",
     "describe_buckets",
+    "ensemble_predictions",
     "failed_exp_ids",
+    "fold_key",
     "freeze_modules_of_type",
     "freeze_paths",
     "freeze_where",
     "length_cutoff",
+    "length_mask_keep",
+    "load_predictors",
+    "load_training_state",
     "make_bootstrap_dataset",
     "make_dataset",
     "make_experiment",
     "make_row_mesh",
     "masked_mle",
     "masked_mse",
-    "predict_bucket_obs",
-    "register_adjoint",
-    "register_solver",
-    "resolve_loss_fn",
-    "split_dataset",
-    "trainable_mask",
-    # --- extras names ---
-    "BoundScaler",
-    "BoundedPredictor",
-    "ChannelMetrics",
-    "PenaltyPointSource",
-    "attach_penalty_state",
-    "bound_penalty",
-    "box_grid",
-    "compute_metrics",
-    "data_penalty_points",
-    "ensemble_predictions",
-    "length_mask_keep",
-    "load_predictors",
     "penalty_integral",
     "penalty_vector_field",
+    "plot_fit",
+    "plot_history",
     "predict_bucket",
+    "predict_bucket_obs",
     "predict_dataset",
     "predict_dense",
     "read_predictors_metadata",
-    "save_predictors",
-    "select_penalty_points",
-    "strip_penalty_state",
-    "trajectory_saturation_penalty",
-    "validate_penalty_points",
-    # --- training names ---
-    "OPTIMIZER_REGISTRY",
-    "BetweenStepsHook",
-    "LogUI",
-    "LossHistory",
-    "NonFiniteTrainingError",
-    "OptaxTrainingConfig",
-    "RecordingUI",
-    "RichUI",
-    "SilentUI",
-    "TrainingState",
-    "TrainingUI",
-    "annealing_schedule",
-    "default_ui",
-    "fold_key",
-    "load_training_state",
-    "plot_fit",
-    "plot_history",
+    "register_adjoint",
+    "register_solver",
     "reinitialise",
+    "resolve_loss_fn",
+    "save_predictors",
     "save_training_state",
+    "select_penalty_points",
+    "split_dataset",
+    "strip_penalty_state",
     "train_bootstrap_ensemble",
     "train_seed_ensemble",
     "train_with_optax",
+    "trainable_mask",
+    "trajectory_saturation_penalty",
+    "validate_penalty_points",
 ]

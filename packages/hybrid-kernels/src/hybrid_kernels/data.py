@@ -1,4 +1,3 @@
-# ruff: noqa: F722  (jaxtyping shape strings such as "N T D" are not Python expressions)
 """Experiments, channels and the bucketed dataset the kernels consume.
 
 Data flows one way: :class:`ChannelObs` and :class:`Experiment` hold one experiment's sparse,

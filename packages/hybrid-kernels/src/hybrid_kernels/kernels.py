@@ -1,4 +1,3 @@
-# ruff: noqa: F722  (jaxtyping shape strings such as "N T D" are not Python expressions)
 """The training kernels: small jitted pieces a Python loop over buckets composes.
 
 - [`hybrid_kernels.build_bucket_step`][]: `(loss, grads)` of one bucket, one trace per shape.

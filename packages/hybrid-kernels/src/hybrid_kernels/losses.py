@@ -1,4 +1,3 @@
-# ruff: noqa: F722  (jaxtyping shape strings such as "N T D" are not Python expressions)
 """Built-in losses: `loss(pred_obs [N, T, D], bp) -> scalar`, NaN-safe in masked cells.
 
 Every loss first replaces masked cells of the prediction and the data by 0 (and masked
@@ -133,6 +132,10 @@ LOSS_REGISTRY: dict[str, Callable[..., Array]] = {
     "bal_mse": bal_mse,
     "bal_mle": bal_mle,
 }
+"""Built-in losses by name: `"mse"`, `"mle"`, `"bal_mse"`, `"bal_mle"`.
+
+Each is `(pred_obs [N, T, D], bp) -> []`.
+"""
 
 
 def _accepts_channel_kwargs(fn: Callable) -> bool:

@@ -35,6 +35,7 @@ from hybrid_kernels.kernels import length_cutoff
 __all__ = ["REDUCTIONS", "bucket_weights", "combine_bucket_grads"]
 
 REDUCTIONS = ("per_bucket", "per_experiment", "per_observation")
+"""The ways bucket losses and gradients combine into one step."""
 
 
 def _kept_mask(bp: Any, fraction: float) -> np.ndarray:

@@ -36,12 +36,14 @@ SOLVER_REGISTRY: dict[str, type] = {
     "Dopri5": diffrax.Dopri5,
     "Heun": diffrax.Heun,
 }
+"""diffrax solver classes by name, for `SolverConfig.to_dict`/`from_dict` (`register_solver`)."""
 ADJOINT_REGISTRY: dict[str, type] = {
     "RecursiveCheckpointAdjoint": diffrax.RecursiveCheckpointAdjoint,
     "DirectAdjoint": diffrax.DirectAdjoint,
     "BacksolveAdjoint": diffrax.BacksolveAdjoint,
     "ForwardMode": diffrax.ForwardMode,
 }
+"""diffrax adjoint classes by name, for `SolverConfig.to_dict`/`from_dict` (`register_adjoint`)."""
 
 
 def register_solver(name: str, cls: type) -> None:

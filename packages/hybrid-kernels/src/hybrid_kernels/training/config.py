@@ -34,6 +34,7 @@ OPTIMIZER_REGISTRY: dict[str, Callable[..., optax.GradientTransformation]] = {
     "sgd": optax.sgd,
     "yogi": optax.yogi,
 }
+"""optax optimiser factories by name, each taking `learning_rate`."""
 
 _REDUCTIONS = ("per_bucket", "per_experiment", "per_observation")
 _MONITORS = ("train", "val")

@@ -52,6 +52,24 @@ def _describe_path(path: tuple[Any, ...]) -> str:
     return jax.tree_util.keystr(path) or "<root>"
 
 
+def _placed_like(leaf: jax.Array, ref: Any) -> jax.Array:
+    """`leaf` with the placement of `ref`: same sharding, and committed exactly when it is.
+
+    jit keeps one compiled executable per input sharding *and* committedness, so a hook that
+    hands back, say, arrays `device_put` on a device where the run had uncommitted ones would
+    recompile every kernel at the next step although nothing was retraced.
+    """
+    if not isinstance(ref, jax.Array):
+        return leaf
+    if ref.committed:
+        if leaf.committed and leaf.sharding == ref.sharding:
+            return leaf
+        return jax.device_put(leaf, ref.sharding)
+    if leaf.committed:
+        return jnp.asarray(jax.device_get(leaf))  # uncommitted again, like `ref`
+    return leaf
+
+
 def _conform(name: str, step: int, old: Any, new: Any) -> Any:
     """Check `new` against `old` leaf by leaf; return `new` with arrays cast like `old`."""
     old_paths, old_def = jax.tree_util.tree_flatten_with_path(old)
@@ -80,6 +98,7 @@ def _conform(name: str, step: int, old: Any, new: Any) -> Any:
             # A weak-typed or NumPy leaf would be a new cache key for the jitted kernels.
             if not isinstance(leaf, jax.Array) or leaf.weak_type != ref.weak_type:
                 leaf = jnp.asarray(leaf, dtype=ref.dtype)
+            leaf = _placed_like(leaf, ref)
         elif leaf is not ref:
             same = False
             try:
