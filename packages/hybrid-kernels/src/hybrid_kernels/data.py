@@ -205,7 +205,7 @@ class Dataset(eqx.Module):
     exp_ids: tuple[tuple[str, ...], ...] = eqx.field(static=True)
     experiments: tuple[Experiment, ...]
     bucket_policy: str = eqx.field(static=True, default="padded")
-    max_shapes: int = eqx.field(static=True, default=8)
+    max_shapes: int = eqx.field(static=True, default=4)
     dtype: str = eqx.field(static=True, default="float32")
     mesh: Any = eqx.field(static=True, default=None)
 
@@ -220,7 +220,7 @@ def make_dataset(
     *,
     output_channel_names: Sequence[str],
     bucket_policy: str = "padded",
-    max_shapes: int = 8,
+    max_shapes: int = 4,
     dtype: Any = None,
     mesh: jax.sharding.Mesh | None = None,
 ) -> Dataset:
