@@ -9,6 +9,7 @@ a resample may bring) and return `[(final_loss, predictors)]`, best first.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,17 @@ def _select_seeds(
     )
 
 
+def _prepare(
+    where: str, predictors: Any, config: Any, trainable: Any, ui: Any, model: dict[str, Any]
+) -> tuple[Any, TrainingUI, Any]:
+    """Validate the config; resolve the mask and the UI; fetch the shared kernel engine."""
+    if not isinstance(config, OptaxTrainingConfig):
+        raise TypeError(f"{where}: config must be an OptaxTrainingConfig; got {config!r}")
+    trainable = resolve_trainable(predictors, trainable)
+    ui = default_ui(config.verbose) if ui is None else check_ui(ui)
+    return trainable, ui, get_engine(**model, trainable=trainable, config=config)
+
+
 def train_seed_ensemble(
     predictors: Any,
     dataset: Any,
@@ -97,16 +109,10 @@ def train_seed_ensemble(
     k_best = n_seeds if k_best is None else _count("k_best", k_best, where)
     if k_best > n_seeds:
         raise ValueError(f"{where}: k_best={k_best} must not exceed n_seeds={n_seeds}")
-    if not isinstance(config, OptaxTrainingConfig):
-        raise TypeError(f"{where}: config must be an OptaxTrainingConfig; got {config!r}")
-    trainable = resolve_trainable(predictors, trainable)
-    ui = default_ui(config.verbose) if ui is None else check_ui(ui)
-    engine = get_engine(
-        simulate_fn=simulate_fn,
-        state_to_output=state_to_output,
-        solver=solver,
-        trainable=trainable,
-        config=config,
+    model = dict(simulate_fn=simulate_fn, state_to_output=state_to_output, solver=solver)
+    trainable, ui, engine = _prepare(where, predictors, config, trainable, ui, model)
+    train_member = functools.partial(
+        run_training, **model, trainable=trainable, ui=ui, hooks=None, tournament=False, where=where
     )
     if not tuple(dataset.bucket_payloads):
         raise ValueError(f"{where}: dataset has no buckets; nothing to train on")
@@ -123,20 +129,12 @@ def train_seed_ensemble(
     )
     members = []
     for i, (_, start) in enumerate(ranked):
-        result = run_training(
+        result = train_member(
             start,
             dataset,
             _member_config(config, f"seed{i}"),
-            simulate_fn=simulate_fn,
-            state_to_output=state_to_output,
-            solver=solver,
-            trainable=trainable,
             key=fold_key(key, f"seed_member_{i}"),
-            ui=ui,
             val_dataset=val_dataset,
-            hooks=None,
-            tournament=False,
-            where=where,
         )
         members.append((result.final_loss, result.predictors))
     members.sort(key=lambda m: m[0])
@@ -183,16 +181,10 @@ def train_bootstrap_ensemble(
             raise ValueError(
                 f"{where}: k_best={k_best} must not exceed n_bootstraps={n_bootstraps}"
             )
-    if not isinstance(config, OptaxTrainingConfig):
-        raise TypeError(f"{where}: config must be an OptaxTrainingConfig; got {config!r}")
-    trainable = resolve_trainable(predictors, trainable)
-    ui = default_ui(config.verbose) if ui is None else check_ui(ui)
-    engine = get_engine(
-        simulate_fn=simulate_fn,
-        state_to_output=state_to_output,
-        solver=solver,
-        trainable=trainable,
-        config=config,
+    model = dict(simulate_fn=simulate_fn, state_to_output=state_to_output, solver=solver)
+    trainable, ui, engine = _prepare(where, predictors, config, trainable, ui, model)
+    train_member = functools.partial(
+        run_training, **model, trainable=trainable, ui=ui, hooks=None, tournament=False, where=where
     )
     members = []
     for s in range(n_bootstraps):
@@ -209,20 +201,12 @@ def train_bootstrap_ensemble(
                 key=fold_key(key, f"bootstrap_seeds_{s}"),
                 ui=ui,
             )[0][1]
-        result = run_training(
+        result = train_member(
             start,
             boot,
             _member_config(config, f"boot{s}"),
-            simulate_fn=simulate_fn,
-            state_to_output=state_to_output,
-            solver=solver,
-            trainable=trainable,
             key=fold_key(key, f"bootstrap_member_{s}"),
-            ui=ui,
             val_dataset=None,
-            hooks=None,
-            tournament=False,
-            where=where,
         )
         members.append((result.final_loss, result.predictors))
     members.sort(key=lambda m: m[0])
