@@ -9,7 +9,7 @@ is born in a free slot, the tightest remaining pair of atoms becomes one moment 
 error budget, and the pair is offered its derivative limit (accepted only if provably within
 the budget). The optax Adam state is carried through every commit; nothing recompiles.
 
-    python examples/demo.py                 # about 2 minutes on a 2-core CPU
+    python examples/demo.py                 # about 30 s on a 2-core CPU
     python examples/demo.py --scale 8       # more experiments, longer horizons (for a GPU)
     DEMO_SCALE=8 nox -s demo                # the same through nox
 
