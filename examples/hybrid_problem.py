@@ -177,10 +177,9 @@ def collinearity_score(bank: cb.ConfluentPackBank) -> float:
     over pairs of active order-0 ordinary atoms, of ``exp(-|s (c_i - c_j)|)``, so merging two
     close atoms into one centred pair gains almost 1 and merging distant ones gains little.
     """
-    host = jax.device_get({n: getattr(bank, n) for n in ("centers", "scales", "active")})
-    modes, orders = jax.device_get((bank.modes, bank.orders))
-    ordinary = np.asarray(host["active"]) & (np.asarray(modes) == 0) & (np.asarray(orders) == 0)
-    u = np.asarray(host["scales"])[ordinary] * np.asarray(host["centers"])[ordinary]
+    host = {n: np.asarray(v) for n, v in jax.device_get(_blocks(bank)).items()}
+    ordinary = host["active"] & (host["modes"] == 0) & (host["orders"] == 0)
+    u = host["scales"][ordinary] * host["centers"][ordinary]
     gaps = np.abs(u[:, None] - u[None, :])[np.triu_indices(len(u), k=1)]
     return -float(np.sum(np.exp(-gaps)))
 
