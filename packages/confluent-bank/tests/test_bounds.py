@@ -146,12 +146,30 @@ def test_pair_series_error_is_the_next_series_term_bound():
         cb.pair_series_error(1e-4, 1.0, 0)
 
 
-@pytest.mark.parametrize(
-    "kind", ["centered_pair", "duplicate_merge", "remove_zero", "zero_output_birth"]
-)
+def _duplicate_merge(_bank):
+    twins = [cb.RefinedPack(0, 0.5, 1.0), cb.RefinedPack(0, 0.5, 2.0)]
+    bank = cb.init_confluent_bank(twins, max_packs=2, max_order=0)
+    return bank, bank.propose_pair(0, 1)
+
+
+def _remove_zero(bank):
+    bank = set_rows(bank, [("weights", 2, 0.0)])
+    return bank, bank.propose_remove_zero(2)
+
+
+EXACT_PROPOSALS = {
+    "centered_pair": lambda bank: (bank, bank.propose_pair(0, 1)),
+    "duplicate_merge": _duplicate_merge,
+    "remove_zero": _remove_zero,
+    "zero_output_birth": lambda bank: (bank, bank.propose_birth(3, cb.RefinedPack(1, 0.4))),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(EXACT_PROPOSALS))
 def test_exact_kinds_pass_at_budget_zero(pair_bank, kind):
-    accept = cb.within_error_budget((-1.0, 1.0))
-    assert accept(pair_bank, proposal(pair_bank, kind, (0,)))
+    bank, exact = EXACT_PROPOSALS[kind](pair_bank)
+    assert exact.kind == kind and exact.error_budget == 0
+    assert cb.within_error_budget((-1.0, 1.0))(bank, exact)
 
 
 def test_pair_to_derivative_needs_a_budget_above_its_bound(pair_committed_bank):
@@ -166,16 +184,14 @@ def test_pair_to_derivative_needs_a_budget_above_its_bound(pair_committed_bank):
 
 def test_cluster_budget_is_judged_by_the_rigorous_remainder(cluster_bank):
     accept = cb.within_error_budget((-3.0, 3.0))
-    updates = (cb.SlotUpdate("orders", 0, 3),)
-    tight = proposal(cluster_bank, "cluster_to_moments", (0, 1, 2), updates, 1e-7)
+    tight = cluster_bank.propose_cluster((0, 1, 2), order=3, error_budget=1e-7)
     loose = dataclasses.replace(tight, error_budget=1e-6)
     assert not accept(cluster_bank, tight)  # 3.8e-7 > 1e-7: the bound is loose, not the error
     assert accept(cluster_bank, loose)
 
 
 def test_derivative_orders_tighten_the_acceptance(cluster_bank):
-    updates = (cb.SlotUpdate("orders", 0, 3),)
-    candidate = proposal(cluster_bank, "cluster_to_moments", (0, 1, 2), updates, 1e-6)
+    candidate = cluster_bank.propose_cluster((0, 1, 2), order=3, error_budget=1e-6)
     assert cb.within_error_budget((-3.0, 3.0))(cluster_bank, candidate)
     assert not cb.within_error_budget((-3.0, 3.0), spatial_orders=(0, 2))(cluster_bank, candidate)
 

@@ -245,6 +245,8 @@ def test_a_hand_edited_invalid_file_is_a_value_error(tmp_path, pair_bank):
     path = cb.save_checkpoint(tmp_path / "bank.json", pair_bank)
     data = json.loads(path.read_text())
     data["state"]["modes"]["values"][1] = 5
+    # A deliberate edit that also rewrites the checksum still meets the full validation.
+    data["snapshot_digest"] = cb.snapshot_digest(data["state"])
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="representation"):
         cb.load_checkpoint(path)

@@ -56,6 +56,38 @@ def read_host_state(bank: Any) -> dict[str, np.ndarray]:
     return {name: np.asarray(value) for name, value in zip(STATE_NAMES, blocks, strict=True)}
 
 
+def representation_problems(blocks: Mapping[str, np.ndarray], *, max_order: int) -> list[str]:
+    """The representation rules (spec 2.4, step 6) that `blocks` break, as short phrases.
+
+    One rule for every reader and writer of state: checkpoint loading checks whole blocks,
+    commits check the rows they write. Blocks absent from `blocks` are not checked.
+
+    **Arguments:**
+
+    - `blocks`: `{name: array}` for any subset of `STATE_NAMES` (whole blocks or single rows).
+    - `max_order`: the bank's highest ordinary order.
+
+    **Returns:** e.g. `["modes outside 0..2", "negative rho"]`; empty when every rule holds.
+    """
+    problems = []
+    if "modes" in blocks and not np.all((blocks["modes"] >= 0) & (blocks["modes"] <= 2)):
+        problems.append("modes outside 0..2")
+    if "orders" in blocks and not np.all(
+        (blocks["orders"] >= 0) & (blocks["orders"] <= max_order)
+    ):
+        problems.append(f"orders outside 0..{max_order}")
+    if "rho" in blocks and not np.all(blocks["rho"] >= 0):
+        problems.append("negative rho")
+    for name in ("slot_ids", "ages", "transition_version"):
+        if name in blocks and not np.all(blocks[name] >= 0):
+            problems.append(f"negative {name}")
+    if "slot_ids" in blocks and len(set(np.ravel(blocks["slot_ids"]).tolist())) != np.size(
+        blocks["slot_ids"]
+    ):
+        problems.append("repeated slot_ids")
+    return problems
+
+
 def configuration(*, base: str, max_order: int, max_packs: int) -> dict[str, Any]:
     """The `"__configuration__"` entry of a portable snapshot."""
     return {

@@ -13,9 +13,10 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 
-from confluent_bank._host import SERIES_TERMS, read_host_state
+from confluent_bank._host import SERIES_TERMS
 from confluent_bank.activations import ActivationSpec, get_activation, riccati_coefficients
 from confluent_bank.moments import Interval, MomentInitialization, initialize_moments
+from confluent_bank.proposals import _check_implied_updates, _HostBank
 from confluent_bank.records import TransitionProposal
 
 __all__ = [
@@ -213,11 +214,11 @@ def _exact_float(value: Any) -> Fraction:
     return Fraction(float(value))
 
 
-def _positions(host: dict[str, Any], proposal: TransitionProposal) -> list[int]:
+def _positions(host: dict[str, Any], proposal: TransitionProposal) -> tuple[int, ...]:
     ids = host["slot_ids"].tolist()
     if any(i not in ids for i in proposal.slot_ids):
         raise ValueError("proposal contains unknown stable slot IDs")
-    return [ids.index(i) for i in proposal.slot_ids]
+    return tuple(ids.index(i) for i in proposal.slot_ids)
 
 
 def _pair_bound(
@@ -239,7 +240,7 @@ def _pair_bound(
 
 
 def _cluster_bound(
-    host: dict[str, Any], base: str, slots: list[int], proposal: TransitionProposal, q: int
+    host: dict[str, Any], base: str, slots: tuple[int, ...], proposal: TransitionProposal, q: int
 ) -> float:
     orders = [u.value for u in proposal.updates if u.name == "orders" and u.index == slots[0]]
     if len(orders) != 1:
@@ -269,8 +270,11 @@ def within_error_budget(
 ) -> Callable[[Any, TransitionProposal], bool]:
     """An `acceptance(bank, proposal)` callback that accepts only provably small changes.
 
-    It computes a rigorous bound for the proposal's kind over `x ∈ domain` and each requested
-    derivative order, and accepts when every bound is `≤ proposal.error_budget`:
+    It first checks that the proposal's updates are exactly the ones its kind's rule gives for
+    `bank` (the check `commit_transition` makes), so a relabelled or edited proposal raises
+    instead of borrowing another kind's bound. It then computes a rigorous bound for the kind
+    over `x ∈ domain` and each requested derivative order, and accepts when every bound is
+    `≤ proposal.error_budget`:
 
     - exact kinds (`EXACT_KINDS`: pair, duplicate merge, remove-zero, birth) have bound 0, so
       they pass even at budget 0;
@@ -282,7 +286,8 @@ def within_error_budget(
     - `domain`: finite `(lo, hi)` with `lo ≤ hi`, the inputs the bank must stay accurate on.
     - `spatial_orders`: derivative orders in `x` to control (default `(0,)`: values only).
 
-    Raises `ValueError` (from the callback) for a kind without a known bound.
+    Raises `ValueError` (from the callback) for a kind without a known bound, and for a
+    proposal whose updates are not its kind's ("tampered or inconsistent").
     """
     try:
         lo, hi = (float(domain[0]), float(domain[1]))
@@ -298,10 +303,12 @@ def within_error_budget(
     exact_domain = (Fraction(lo), Fraction(hi))
 
     def acceptance(bank: Any, proposal: TransitionProposal) -> bool:
+        view = _HostBank.read(bank)
+        host = view.host
+        slots = _positions(host, proposal)
+        _check_implied_updates(view, proposal, slots)
         if proposal.kind in EXACT_KINDS:
             return True
-        host = read_host_state(bank)
-        slots = _positions(host, proposal)
         if proposal.kind == "pair_to_derivative":
             bounds = [_pair_bound(host, bank.base, slots[0], exact_domain, q) for q in orders]
         elif proposal.kind == "cluster_to_moments":

@@ -1,10 +1,15 @@
-"""Portable checkpoints: validated loading, atomic files, digests.
+"""Portable checkpoints: validated loading, checksummed atomic files, digests.
 
 `bank_from_checkpoint` validates a checkpoint in the spec's order (schema, block set,
 configuration, per-block shape/dtype/values, representation) and builds the bank only after
 every check passed, so a bad checkpoint gives `ValueError` and never a half-loaded bank. It never
 changes a dtype or a value silently: every stored value must be exactly representable in its
 stored dtype.
+
+A checkpoint *file* is the checkpoint plus `"snapshot_digest"`, the `snapshot_digest` of its
+state: `load_checkpoint` recomputes it, so a changed digit or flipped bit never loads another
+bank. `save_checkpoint` runs the loader's validation before writing, so every file it writes
+loads back equal.
 """
 
 from __future__ import annotations
@@ -12,8 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,11 +25,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from confluent_bank._atomic import write_atomic
 from confluent_bank._host import (
     PARAMETER_NAMES,
     SCHEMA_VERSION,
     STATE_NAMES,
     configuration,
+    representation_problems,
     snapshot_digest,
 )
 from confluent_bank.bank import ConfluentPackBank, init_confluent_bank
@@ -36,6 +41,7 @@ __all__ = ["bank_from_checkpoint", "load_checkpoint", "save_checkpoint", "snapsh
 _TOP_LEVEL = {"schema_version", "base", "max_order", "state"}
 _BLOCK_KEYS = {"shape", "dtype", "values"}
 _CONFIGURATION = "__configuration__"
+_DIGEST = "snapshot_digest"
 
 
 def _is_int(value: Any) -> bool:
@@ -93,7 +99,7 @@ def _values(name: str, values: list[Any], dtype: np.dtype, shape: tuple[int, ...
         ok = all(_is_int(v) and info.min <= v <= info.max for v in values)
     else:
         ok = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
-        if ok and not all(math.isfinite(v) for v in values):
+        if ok and not all(_finite(v) for v in values):
             raise ValueError(f"checkpoint state must be finite ({name})")
     if not ok:
         raise ValueError(f"checkpoint values for {name} must be numbers of dtype {dtype}")
@@ -105,6 +111,15 @@ def _values(name: str, values: list[Any], dtype: np.dtype, shape: tuple[int, ...
     if readback.reshape(-1).tolist() != values:
         raise ValueError(f"checkpoint values for {name} are not exactly representable as {dtype}")
     return array
+
+
+def _finite(value: int | float) -> bool:
+    # An integer beyond the float range (10**400) is as unstorable as inf, and math.isfinite
+    # would raise OverflowError on it.
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def bank_from_checkpoint(checkpoint: Mapping[str, Any]) -> ConfluentPackBank:
@@ -120,6 +135,13 @@ def bank_from_checkpoint(checkpoint: Mapping[str, Any]) -> ConfluentPackBank:
     the state ("configuration"), a wrong shape, dtype, value count or value type, non-finite
     values, or invalid representation metadata ("representation").
     """
+    arrays, max_order, base = _validated(checkpoint)
+    device = jax.device_put(tuple(arrays[name] for name in STATE_NAMES))
+    return ConfluentPackBank(*device, max_order=max_order, base=base)
+
+
+def _validated(checkpoint: Any) -> tuple[dict[str, np.ndarray], int, str]:
+    """Every check of `bank_from_checkpoint`; the host arrays, `max_order` and `base`."""
     if not isinstance(checkpoint, Mapping):
         raise ValueError(f"checkpoint must be a mapping, got {type(checkpoint).__name__}")
     schema = checkpoint.get("schema_version")
@@ -181,22 +203,10 @@ def bank_from_checkpoint(checkpoint: Mapping[str, Any]) -> ConfluentPackBank:
             raise ValueError(f"checkpoint representation metadata must be integer ({name})")
         arrays[name] = _values(name, values, dtype, shape)
 
-    problems = []
-    if not np.all((arrays["modes"] >= 0) & (arrays["modes"] <= 2)):
-        problems.append("modes outside 0..2")
-    if not np.all((arrays["orders"] >= 0) & (arrays["orders"] <= max_order)):
-        problems.append(f"orders outside 0..{max_order}")
-    if not np.all(arrays["rho"] >= 0):
-        problems.append("negative rho")
-    for name in ("slot_ids", "ages", "transition_version"):
-        if not np.all(arrays[name] >= 0):
-            problems.append(f"negative {name}")
-    if len(set(arrays["slot_ids"].tolist())) != arrays["slot_ids"].shape[0]:
-        problems.append("repeated slot_ids")
+    problems = representation_problems(arrays, max_order=max_order)
     if problems:
         raise ValueError(f"checkpoint representation state is invalid: {', '.join(problems)}")
-    device = jax.device_put(tuple(arrays[name] for name in STATE_NAMES))
-    return ConfluentPackBank(*device, max_order=max_order, base=base)
+    return arrays, max_order, base
 
 
 def _reject_constant(name: str) -> float:
@@ -204,64 +214,94 @@ def _reject_constant(name: str) -> float:
 
 
 def save_checkpoint(path: str | os.PathLike[str], bank: ConfluentPackBank) -> Path:
-    """Write `bank.checkpoint()` as JSON to `path` atomically (temp file, fsync, rename).
+    """Write `bank.checkpoint()` and its `snapshot_digest` as JSON to `path`, atomically.
 
-    If anything fails, the previous file at `path` is left intact and the temp file is removed.
+    The file is a JSON object with the checkpoint's keys plus `"snapshot_digest"`, the
+    `snapshot_digest` of its state (the digest proposals are bound to), which `load_checkpoint`
+    verifies. Before anything is written, the checkpoint goes through the loader's validation,
+    so every file this writes loads back equal. The write is atomic (unique temporary file,
+    fsync, rename, folder fsync): if anything fails, the previous file at `path` is left intact
+    and the temporary file is removed.
+
+    A bank mid-training may hold a slightly negative spread `rho` between `retract()` calls.
+    A checkpoint cannot hold one (spec 2.4, step 6), so such a bank is refused: save
+    `bank.retract()`, which represents the same function.
 
     **Arguments:**
 
-    - `path`: destination file.
+    - `path`: destination file; its folder must exist.
     - `bank`: the bank to save.
 
     **Returns:** the destination as a `Path`.
+
+    **Raises:** `ValueError` for a bank with a negative `rho` ("retract()") or any state the
+    loader would refuse; `FileNotFoundError` naming `path` when its folder does not exist;
+    other `OSError`s of the write, naming `path`.
     """
-    target = Path(path)
-    text = json.dumps(bank.checkpoint(), sort_keys=True, separators=(",", ":"), allow_nan=False)
-    descriptor, temporary = tempfile.mkstemp(
-        dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
-    )
+    data = bank.checkpoint()
+    rho = np.asarray(data["state"]["rho"]["values"], dtype=np.float64)
+    if np.any(rho < 0):
+        slots = np.flatnonzero(rho < 0).tolist()
+        raise ValueError(
+            f"save_checkpoint({os.fspath(path)!r}): bank.rho is negative at slots {slots} "
+            f"(min {rho.min()!r}), which a checkpoint cannot hold; save bank.retract() instead, "
+            "it represents the same function"
+        )
     try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o644
-        os.chmod(temporary, mode)
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    _fsync_directory(target.parent)
-    return target
-
-
-def _fsync_directory(directory: Path) -> None:
-    # Makes the rename durable; not every platform can open a directory.
-    try:
-        handle = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(handle)
-    except OSError:
-        pass
-    finally:
-        os.close(handle)
+        _validated(data)
+    except ValueError as error:
+        raise ValueError(
+            f"save_checkpoint({os.fspath(path)!r}): this bank could not be loaded back: {error}"
+        ) from None
+    data[_DIGEST] = snapshot_digest(data["state"])
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return write_atomic(path, text.encode("utf-8"))
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> ConfluentPackBank:
-    """Read a checkpoint file written by `save_checkpoint` and validate it.
+    """Read a checkpoint file written by `save_checkpoint`, verify its digest and validate it.
 
     **Arguments:**
 
     - `path`: the file.
 
-    Raises `ValueError` for a truncated, non-JSON or hand-edited invalid file (see
-    `bank_from_checkpoint`).
+    Raises `ValueError` for a truncated, non-JSON, corrupted (its state does not match its
+    `"snapshot_digest"`) or hand-edited invalid file (see `bank_from_checkpoint`).
+
+    A file without `"snapshot_digest"` (written before checksums were added) is refused too,
+    since nothing could tell a damaged one apart. To load such a file deliberately, validate
+    it without the checksum and save it again:
+    `save_checkpoint(path, bank_from_checkpoint(json.loads(Path(path).read_text())))`.
     """
+    name = os.fspath(path)
     raw = Path(path).read_bytes()
     try:
         data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise ValueError(f"checkpoint file {os.fspath(path)!r} is not JSON: {error}") from None
+    except (ValueError, RecursionError) as error:
+        # UnicodeDecodeError and JSONDecodeError are ValueErrors, as is an integer literal
+        # beyond Python's digit limit.
+        raise ValueError(f"checkpoint file {name!r} is not JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"checkpoint file {name!r} must hold a JSON object")
+    if _DIGEST not in data:
+        raise ValueError(
+            f"checkpoint file {name!r} has no {_DIGEST!r}: it predates checksums or is damaged. "
+            "To load it anyway, check it and use "
+            "confluent_bank.bank_from_checkpoint(json.loads(text)), then save it again"
+        )
+    stored = data.pop(_DIGEST)
+    if not isinstance(stored, str) or stored != _digest_or_none(data.get("state")):
+        raise ValueError(
+            f"checkpoint file {name!r} is corrupted: its state does not match its "
+            f"{_DIGEST!r}"
+        )
     return bank_from_checkpoint(data)
+
+
+def _digest_or_none(state: Any) -> str | None:
+    if not isinstance(state, Mapping):
+        return None
+    try:
+        return snapshot_digest(state)
+    except (TypeError, ValueError):  # e.g. inf parsed from 1e999
+        return None

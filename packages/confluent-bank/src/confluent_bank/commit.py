@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import jax
 import numpy as np
 
-from confluent_bank._host import STATE_NAMES
-from confluent_bank.proposals import _HostBank, _pair_proposal
+from confluent_bank._host import STATE_NAMES, representation_problems
+from confluent_bank.proposals import _check_implied_updates, _HostBank, _pair_proposal
 from confluent_bank.records import SlotUpdate, TransitionProposal
 from confluent_bank.transport import (
     NamedMomentState,
@@ -38,7 +38,10 @@ _FIXED_BLOCKS = ("slot_ids", "transition_version")
 
 
 def _apply_updates(
-    host: Mapping[str, np.ndarray], updates: Sequence[SlotUpdate], slots: Sequence[int]
+    host: Mapping[str, np.ndarray],
+    updates: Sequence[SlotUpdate],
+    slots: Sequence[int],
+    max_order: int,
 ) -> dict[str, np.ndarray]:
     """Apply `updates` in order to copies of the touched host blocks; return those blocks."""
     changed: dict[str, np.ndarray] = {}
@@ -57,23 +60,48 @@ def _apply_updates(
                 f"update must refer to an affected slot; {name}[{update.index}] is not one of "
                 f"the proposal's slot positions {tuple(slots)}"
             )
-        raw = np.asarray(update.value)
-        value = raw.astype(block.dtype)
+        value = _cast(update, block.dtype)
         if value.shape != block.shape[1:]:
             raise ValueError(
                 f"slot update shape does not match the preallocated row: {name} rows have "
                 f"shape {block.shape[1:]}, the update has shape {value.shape}"
             )
-        if block.dtype.kind in "biu" and not np.array_equal(value, raw):
-            # A cast must never change an integer or flag: 1.5 is not a mode, 2 is not a flag.
+        problems = representation_problems({name: value}, max_order=max_order)
+        if problems:
             raise ValueError(
-                f"update value {update.value!r} for {name} is not representable as {block.dtype}"
+                f"update value {update.value!r} for {name}[{update.index}] is out of range: "
+                + ", ".join(problems)
             )
         if name not in changed:
             block = block.copy()
             changed[name] = block
         block[update.index] = value
     return changed
+
+
+def _cast(update: SlotUpdate, dtype: np.dtype) -> np.ndarray:
+    """`update.value` in the block's dtype, refusing any cast that changes or overflows it."""
+    name = update.name
+    try:
+        raw = np.asarray(update.value)
+        with np.errstate(over="ignore", invalid="ignore"):
+            value = raw.astype(dtype)
+    except (OverflowError, ValueError, TypeError):
+        # e.g. 2**70 for an int64 block or 10**400 for a float block.
+        raise ValueError(
+            f"update value {update.value!r} for {name}[{update.index}] does not fit its "
+            f"dtype {dtype}"
+        ) from None
+    if dtype.kind in "biu" and not np.array_equal(value, raw):
+        # A cast must never change an integer or flag: 1.5 is not a mode, 2 is not a flag.
+        raise ValueError(
+            f"update value {update.value!r} for {name} is not representable as {dtype}"
+        )
+    if dtype.kind == "f" and not np.all(np.isfinite(value)):
+        raise ValueError(
+            f"update value {update.value!r} for {name}[{update.index}] overflows {dtype}"
+        )
+    return value
 
 
 def _candidate(bank: Any, host: Mapping[str, np.ndarray], changed: dict[str, np.ndarray]) -> Any:
@@ -111,7 +139,9 @@ def commit_transition(
     """Apply a proposal as one functional host transaction; rejection returns the originals.
 
     Steps, in order: the between-steps guard; the staleness check (version, then digest of
-    the current state); mapping stable ids to positions; `acceptance(bank, proposal)`
+    the current state); mapping stable ids to positions; for a built-in kind, recomputing its
+    rule on this bank, whose updates the proposal must carry exactly (so an edited value or a
+    relabelled kind is refused, not judged); `acceptance(bank, proposal)`
     (falsy → `(bank, optimizer_state, False)`, the same objects, before anything is
     built); applying the updates in order; the candidate with `transition_version + 1`; the
     optimizer state (`state_adapter(state, candidate, slots)`, or `reset_slot_state` for a
@@ -133,9 +163,12 @@ def commit_transition(
     **Returns:** `(bank', state', accepted)`.
 
     **Raises:** `RuntimeError` ("between") outside an inter-step window; `ValueError` for a
-    stale proposal ("stale"), unknown stable ids, or an update that names a fixed or unknown
-    block, a slot outside the proposal, a wrong row shape or a value the block's dtype cannot
-    hold; `TypeError` ("explicit") for a non-`NamedMomentState` state without adapter.
+    stale proposal ("stale"), unknown stable ids, a built-in-kind proposal whose updates are
+    not its rule's ("tampered or inconsistent"), or an update that names a fixed or unknown
+    block, a slot outside the proposal, a wrong row shape, a value the block's dtype cannot
+    hold (overflow included) or a value outside the representation's ranges (modes 0..2,
+    orders 0..max_order, `rho ≥ 0`, `ages ≥ 0`); `TypeError` ("explicit") for a
+    non-`NamedMomentState` state without adapter.
     """
     if not between_steps:
         raise RuntimeError(
@@ -156,9 +189,11 @@ def commit_transition(
     if unknown:
         raise ValueError(f"proposal contains unknown stable slot IDs {unknown}; bank has {ids}")
     slots = tuple(ids.index(i) for i in proposal.slot_ids)
+    _check_implied_updates(view, proposal, slots)
     if not acceptance(bank, proposal):
         return bank, optimizer_state, False
-    candidate = _candidate(bank, view.host, _apply_updates(view.host, proposal.updates, slots))
+    changed = _apply_updates(view.host, proposal.updates, slots, view.max_order)
+    candidate = _candidate(bank, view.host, changed)
     if state_adapter is None:
         if not isinstance(optimizer_state, NamedMomentState):
             raise TypeError(
@@ -227,7 +262,7 @@ def detect_transitions(
                 proposal = _pair_proposal(view, first, second, error_budget)
             except ValueError:
                 continue
-            changed = _apply_updates(view.host, proposal.updates, (first, second))
+            changed = _apply_updates(view.host, proposal.updates, (first, second), view.max_order)
             gain = _score(conditioning_score, _candidate(bank, view.host, changed)) - baseline
             if gain > 0:
                 ranked.append((-gain, proposal.slot_ids, proposal))

@@ -13,11 +13,12 @@ block) the "weight"; the `weights` block holds output coefficients.
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -37,6 +38,15 @@ __all__ = [
 ]
 
 _PAIR_IDENTITY = "exact_real_coordinate_identity_with_recorded_float_operands"
+
+
+class _Transition(NamedTuple):
+    """What a rule gives for one bank: the slot positions, the updates, the kind and why."""
+
+    slots: tuple[int, ...]
+    updates: tuple[SlotUpdate, ...]
+    kind: str
+    identity: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,21 +93,14 @@ class _HostBank:
             and int(self.host["orders"][slot]) == 0
         )
 
-    def proposal(
-        self,
-        slots: Sequence[int],
-        updates: Sequence[SlotUpdate],
-        kind: str,
-        identity: str,
-        error_budget: Any,
-    ) -> TransitionProposal:
+    def proposal(self, transition: _Transition, error_budget: Any) -> TransitionProposal:
         return TransitionProposal(
             self.digest,
             self.version,
-            tuple(self.slot_id(i) for i in slots),
-            tuple(updates),
-            kind,
-            identity,
+            tuple(self.slot_id(i) for i in transition.slots),
+            transition.updates,
+            transition.kind,
+            transition.identity,
             error_budget,
         )
 
@@ -125,7 +128,12 @@ def _check_slot(bank: Any, slot: Any) -> int:
 def _pair_proposal(
     view: _HostBank, first: int, second: int, error_budget: Any
 ) -> TransitionProposal:
-    """The centred-pair rule on host numbers (shared with `detect_transitions`)."""
+    """The centred-pair proposal on host numbers (shared with `detect_transitions`)."""
+    return view.proposal(_pair(view, first, second), error_budget)
+
+
+def _pair(view: _HostBank, first: int, second: int) -> _Transition:
+    """The centred-pair rule on host numbers."""
     for i in (first, second):
         if not view.is_ordinary_order_zero(i):
             raise ValueError(
@@ -158,7 +166,7 @@ def _pair_proposal(
     # Fraction -> float is correctly rounded: each stored value is rounded exactly once.
     updates = tuple(SlotUpdate(name, i, float(v)) for name, i, v in values)
     kind = "duplicate_merge" if half == 0 else "centered_pair"
-    return view.proposal((first, second), updates, kind, _PAIR_IDENTITY, error_budget)
+    return _Transition((first, second), updates, kind, _PAIR_IDENTITY)
 
 
 def propose_pair(
@@ -239,6 +247,11 @@ def propose_cluster(
             f"max_order {bank.max_order}"
         )
     view = _HostBank.read(bank)
+    return view.proposal(_cluster(view, positions, order), error_budget)
+
+
+def _cluster(view: _HostBank, positions: tuple[int, ...], order: int) -> _Transition:
+    """The cluster rule on host numbers (positions distinct and in range, order in range)."""
     first = positions[0]
     scale = view.exact("scales", first)
     if scale == 0:
@@ -267,12 +280,11 @@ def propose_cluster(
     ]
     for i in positions[1:]:
         updates.extend((SlotUpdate("active", i, 0), SlotUpdate("weights", i, 0)))
-    return view.proposal(
+    return _Transition(
         positions,
-        updates,
+        tuple(updates),
         "cluster_to_moments",
         "finite-spread truncation with explicit remainder",
-        error_budget,
     )
 
 
@@ -297,14 +309,17 @@ def propose_derivative(
     """
     slot = _check_slot(bank, slot)
     view = _HostBank.read(bank)
+    return view.proposal(_derivative(view, slot), error_budget)
+
+
+def _derivative(view: _HostBank, slot: int) -> _Transition:
     if not bool(view.host["active"][slot]) or int(view.host["modes"][slot]) != 1:
         raise ValueError("a live centered-pair slot is required; " + view.describe(slot))
-    return view.proposal(
+    return _Transition(
         (slot,),
         (SlotUpdate("rho", slot, 0.0),),
         "pair_to_derivative",
         "limit_atom; finite-spread error requires acceptance",
-        error_budget,
     )
 
 
@@ -323,14 +338,18 @@ def propose_remove_zero(bank: ConfluentPackBank, slot: int) -> TransitionProposa
     """
     slot = _check_slot(bank, slot)
     view = _HostBank.read(bank)
+    return view.proposal(_remove_zero(view, slot), 0.0)
+
+
+def _remove_zero(view: _HostBank, slot: int) -> _Transition:
     weight = float(view.host["weights"][slot])
     if not bool(view.host["active"][slot]) or int(view.host["modes"][slot]) != 0 or weight != 0:
         raise ValueError(
             "an exactly zero ordinary output coefficient is required; "
             f"{view.describe(slot)}, weight={weight!r}"
         )
-    return view.proposal(
-        (slot,), (SlotUpdate("active", slot, 0),), "remove_zero", "exact_zero_output", 0.0
+    return _Transition(
+        (slot,), (SlotUpdate("active", slot, 0),), "remove_zero", "exact_zero_output"
     )
 
 
@@ -357,6 +376,10 @@ def propose_birth(bank: ConfluentPackBank, slot: int, pack: RefinedPack) -> Tran
     if not isinstance(pack, RefinedPack):
         raise TypeError(f"pack must be a RefinedPack, got {type(pack).__name__}")
     view = _HostBank.read(bank)
+    return view.proposal(_birth(view, slot, pack), 0.0)
+
+
+def _birth(view: _HostBank, slot: int, pack: RefinedPack) -> _Transition:
     if bool(view.host["active"][slot]):
         raise ValueError(f"birth requires an allocated inactive slot; slot {slot} is active")
     if pack.weight != 0 or pack.order > view.max_order:
@@ -378,10 +401,137 @@ def propose_birth(bank: ConfluentPackBank, slot: int, pack: RefinedPack) -> Tran
         SlotUpdate("direction_bias", slot, 1),
         SlotUpdate("moment_coefficients", slot, (0.0,) * (view.max_order + 1)),
     )
-    return view.proposal(
+    return _Transition(
         (slot,),
         updates,
         "zero_output_birth",
         "exact_zero_output_with_full_slot_state_initialization",
-        0.0,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Verification: a proposal of a built-in kind must carry exactly its rule's updates
+
+
+def _recorded(proposal: TransitionProposal, name: str, slot: int) -> Any:
+    """The one value `proposal` writes to `name[slot]` (these fields parametrise a rule)."""
+    values = [u.value for u in proposal.updates if u.name == name and u.index == slot]
+    if len(values) != 1:
+        raise ValueError(f"it must write {name}[{slot}] exactly once")
+    return values[0]
+
+
+def _count(slots: tuple[int, ...], expected: int, kind: str) -> None:
+    if len(slots) != expected:
+        raise ValueError(f"a {kind!r} proposal names {expected} slot(s), this one {len(slots)}")
+
+
+def _pair_rule(view: _HostBank, slots: tuple[int, ...], proposal: TransitionProposal) -> Any:
+    _count(slots, 2, proposal.kind)
+    return _pair(view, *slots)
+
+
+def _cluster_rule(view: _HostBank, slots: tuple[int, ...], proposal: TransitionProposal) -> Any:
+    if not slots:
+        raise ValueError("a 'cluster_to_moments' proposal names at least one slot")
+    recorded = _recorded(proposal, "orders", slots[0])
+    if isinstance(recorded, float) and recorded.is_integer():
+        recorded = int(recorded)  # an order written as 2.0 is still order 2
+    order = _position(recorded, "its order", "an integer")
+    if not 0 <= order <= view.max_order:
+        raise ValueError(f"its order {order} is outside 0..{view.max_order}")
+    return _cluster(view, slots, order)
+
+
+def _derivative_rule(view: _HostBank, slots: tuple[int, ...], proposal: TransitionProposal) -> Any:
+    _count(slots, 1, proposal.kind)
+    return _derivative(view, slots[0])
+
+
+def _remove_zero_rule(view: _HostBank, slots: tuple[int, ...], proposal: TransitionProposal) -> Any:
+    _count(slots, 1, proposal.kind)
+    return _remove_zero(view, slots[0])
+
+
+def _birth_rule(view: _HostBank, slots: tuple[int, ...], proposal: TransitionProposal) -> Any:
+    # The pack (centre, scale, order, age) is the proposal's free choice; every other value
+    # of the row is fixed by the rule.
+    _count(slots, 1, proposal.kind)
+    slot = slots[0]
+    fields = {name: _recorded(proposal, name, slot) for name in ("centers", "scales")}
+    fields |= {name: _recorded(proposal, name, slot) for name in ("orders", "ages")}
+    if any(isinstance(value, tuple) for value in fields.values()):
+        raise ValueError("its centre, scale, order and age must be numbers")
+    pack = RefinedPack(
+        fields["orders"], fields["centers"], 0.0, fields["scales"], fields["ages"]  # type: ignore[arg-type]
+    )
+    return _birth(view, slot, pack)
+
+
+_RULES: dict[str, Callable[[_HostBank, tuple[int, ...], TransitionProposal], _Transition]] = {
+    "centered_pair": _pair_rule,
+    "duplicate_merge": _pair_rule,
+    "cluster_to_moments": _cluster_rule,
+    "pair_to_derivative": _derivative_rule,
+    "remove_zero": _remove_zero_rule,
+    "zero_output_birth": _birth_rule,
+}
+"""The built-in kinds and how to recompute a proposal of each from its bank."""
+
+
+def _same_number(a: float | int, b: float | int) -> bool:
+    # Exact comparison that tells -0.0 from 0.0 but not 1 from 1.0 (JSON keeps either).
+    if Fraction(a) != Fraction(b):
+        return False
+    return a != 0 or math.copysign(1.0, a) == math.copysign(1.0, b)
+
+
+def _same_update(a: SlotUpdate, b: SlotUpdate) -> bool:
+    if (a.name, a.index) != (b.name, b.index):
+        return False
+    left = a.value if isinstance(a.value, tuple) else (a.value,)
+    right = b.value if isinstance(b.value, tuple) else (b.value,)
+    if isinstance(a.value, tuple) != isinstance(b.value, tuple) or len(left) != len(right):
+        return False
+    return all(_same_number(x, y) for x, y in zip(left, right, strict=True))
+
+
+def _check_implied_updates(
+    view: _HostBank, proposal: TransitionProposal, slots: tuple[int, ...]
+) -> None:
+    """Refuse a built-in-kind proposal whose updates are not exactly its rule's for `view`.
+
+    The rule is recomputed from the bank the proposal is bound to, so neither an edited value
+    nor a relabelled kind can slip through. Kinds without a rule are left to the caller's
+    acceptance callback (`within_error_budget` refuses them); their updates still pass the
+    structural and range checks of `commit_transition`.
+
+    **Arguments:**
+
+    - `view`: the host copy of the bank.
+    - `proposal`: the proposal.
+    - `slots`: the positions of `proposal.slot_ids` in `view`.
+
+    Raises `ValueError` naming the kind when the rule does not apply or gives other updates.
+    """
+    rule = _RULES.get(proposal.kind)
+    if rule is None:
+        return
+    try:
+        expected = rule(view, slots, proposal)
+    except (ValueError, TypeError) as error:
+        raise ValueError(
+            f"tampered or inconsistent {proposal.kind!r} proposal for slot ids "
+            f"{proposal.slot_ids}: {error}"
+        ) from None
+    if (
+        expected.kind != proposal.kind
+        or expected.slots != slots
+        or len(expected.updates) != len(proposal.updates)
+        or not all(map(_same_update, expected.updates, proposal.updates))
+    ):
+        raise ValueError(
+            f"tampered or inconsistent {proposal.kind!r} proposal for slot ids "
+            f"{proposal.slot_ids}: its updates are not the ones the {expected.kind!r} rule "
+            "gives for the bank it is bound to; propose again"
+        )
