@@ -72,9 +72,7 @@ def representation_problems(blocks: Mapping[str, np.ndarray], *, max_order: int)
     problems = []
     if "modes" in blocks and not np.all((blocks["modes"] >= 0) & (blocks["modes"] <= 2)):
         problems.append("modes outside 0..2")
-    if "orders" in blocks and not np.all(
-        (blocks["orders"] >= 0) & (blocks["orders"] <= max_order)
-    ):
+    if "orders" in blocks and not np.all((blocks["orders"] >= 0) & (blocks["orders"] <= max_order)):
         problems.append(f"orders outside 0..{max_order}")
     if "rho" in blocks and not np.all(blocks["rho"] >= 0):
         problems.append("negative rho")

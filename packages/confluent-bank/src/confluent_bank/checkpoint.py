@@ -292,8 +292,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> ConfluentPackBank:
     stored = data.pop(_DIGEST)
     if not isinstance(stored, str) or stored != _digest_or_none(data.get("state")):
         raise ValueError(
-            f"checkpoint file {name!r} is corrupted: its state does not match its "
-            f"{_DIGEST!r}"
+            f"checkpoint file {name!r} is corrupted: its state does not match its {_DIGEST!r}"
         )
     return bank_from_checkpoint(data)
 

@@ -149,6 +149,10 @@ def commit_transition(
 
     The bank is read from the device once; the touched blocks go back in one transfer.
     The acceptance callback is where an `error_budget` is judged (see `within_error_budget`).
+    Built-in kinds (`"centered_pair"`, `"duplicate_merge"`, `"cluster_to_moments"`,
+    `"pair_to_derivative"`, `"remove_zero"`, `"zero_output_birth"`) must carry exactly their
+    rule's updates; a proposal of any other kind is checked for structure and ranges only,
+    and judging it is the acceptance callback's job.
 
     **Arguments:**
 

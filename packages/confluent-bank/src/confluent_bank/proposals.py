@@ -458,13 +458,12 @@ def _birth_rule(view: _HostBank, slots: tuple[int, ...], proposal: TransitionPro
     # of the row is fixed by the rule.
     _count(slots, 1, proposal.kind)
     slot = slots[0]
-    fields = {name: _recorded(proposal, name, slot) for name in ("centers", "scales")}
-    fields |= {name: _recorded(proposal, name, slot) for name in ("orders", "ages")}
+    fields: dict[str, Any] = {
+        name: _recorded(proposal, name, slot) for name in ("centers", "scales", "orders", "ages")
+    }
     if any(isinstance(value, tuple) for value in fields.values()):
         raise ValueError("its centre, scale, order and age must be numbers")
-    pack = RefinedPack(
-        fields["orders"], fields["centers"], 0.0, fields["scales"], fields["ages"]  # type: ignore[arg-type]
-    )
+    pack = RefinedPack(fields["orders"], fields["centers"], 0.0, fields["scales"], fields["ages"])
     return _birth(view, slot, pack)
 
 
