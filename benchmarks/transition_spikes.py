@@ -9,8 +9,9 @@ a commit, over the same steps. "before" commits with the old reset adapter
 (`commit_adapter(transport=False)`, zeroed rows), "after" with the carrying adapter and the
 optimizer wrapped in `row_warmup`.
 
-Run: `python benchmarks/transition_spikes.py [--plot docs/assets/transition_spikes.png]`.
-Prints one line per transition kind and optimizer.
+Run: `python benchmarks/transition_spikes.py [--plot docs/assets/transition_spikes.png]`
+(a few minutes) or `--quick` (adam only, 300 training steps: a smoke test). Prints one line
+per transition kind and optimizer.
 """
 
 from __future__ import annotations
@@ -136,7 +137,13 @@ def run(name: str, kind: str, mode: str) -> np.ndarray:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plot", help="write the spike-ratio plot (PNG) to this path")
+    parser.add_argument("--quick", action="store_true", help="adam only, 300 training steps")
     args = parser.parse_args()
+    if args.quick:
+        global TRAIN_STEPS
+        TRAIN_STEPS = 300
+        for name in list(OPTIMIZERS)[1:]:
+            del OPTIMIZERS[name]
     ratios: dict[tuple[str, str, str], float] = {}
     curves = {}
     print(f"{'kind':8s} {'optimizer':13s} {'control max':>12s} {'before':>9s} {'after':>9s}")
@@ -170,10 +177,11 @@ def plot(ratios, curves, path: str) -> None:
         bars.bar(positions + offset, values, 0.4, label=mode, color=colour)
     bars.axhline(2.0, color="black", linestyle="--", linewidth=1, label="2× control")
     bars.set_yscale("log")
-    bars.set_xticks(positions, labels, fontsize=7)
+    bars.set_ylim(0.5, 3e4)  # room for the legend above the bars
+    bars.set_xticks(positions, labels, fontsize=7, rotation=45, ha="right")
     bars.set_ylabel("max loss over 50 steps / control's")
     bars.set_title("Spike ratio after a commit")
-    bars.legend()
+    bars.legend(loc="upper right", ncols=3, fontsize=8)
     steps = np.arange(1, AFTER_STEPS + 1)
     lines.plot(steps, curves["adam", "control"], color="black", label="no commit")
     lines.plot(steps, curves["adam", "pair", "before"], color="tab:red", label="pair, reset")
@@ -187,7 +195,7 @@ def plot(ratios, curves, path: str) -> None:
     lines.set_yscale("log")
     lines.set_xlabel("steps after the commit (adam)")
     lines.set_ylabel("training loss")
-    lines.set_title("Loss after the commit, adam(0.03)")
+    lines.set_title("Loss after the commit, adam(0.03) (carried runs sit on the control)")
     lines.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

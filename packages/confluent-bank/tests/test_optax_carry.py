@@ -1,5 +1,7 @@
 """confluent_bank.optax: optax states carried through a commit, and the per-row warm-up."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -154,3 +156,26 @@ def test_a_permutation_moves_the_warmup_counters(pb):
 def test_row_warmup_rejects_a_bad_ramp_length(steps, error):
     with pytest.raises(error, match="steps"):
         cbo.row_warmup(optax.adam(1e-2), steps=steps)
+
+
+@pytest.mark.parametrize("where", ["dict", "full_bank"])
+def test_the_carry_is_the_same_wherever_the_bank_sits(pb, where):
+    optimizer = optax.adam(1e-2)
+    reference = commit_pair(pb, _trained_state(pb, optimizer), state_adapter=cbo.commit_adapter())
+    expected = reference[1][0].mu
+    params = {"bank": pb.parameters, "w": jnp.ones(3)} if where == "dict" else pb
+    state = optimizer.init(params)
+    grads = jax.tree.map(jnp.zeros_like, params)
+    if where == "dict":
+        grads["bank"] = _gradient(pb.parameters, pb)
+    else:
+        grads = dataclasses.replace(grads, **_gradient(pb.parameters, pb))
+    for _ in range(3):
+        _, state = optimizer.update(grads, state, params)
+    _, carried, _ = commit_pair(pb, state, state_adapter=cbo.commit_adapter())
+    mu = carried[0].mu
+    for name in cb.PARAMETER_NAMES:
+        value = mu["bank"][name] if where == "dict" else getattr(mu, name)
+        np.testing.assert_allclose(value, expected[name], rtol=1e-12)
+    if where == "dict":
+        assert mu["w"] is state[0].mu["w"]
