@@ -33,6 +33,14 @@ from confluent_bank.bounds import (
     pair_series_error,
     within_error_budget,
 )
+from confluent_bank.carry import (
+    TransitionCarry,
+    TransitionStateAdapter,
+    apply_carry,
+    carry_slot_state,
+    moment_carry_adapter,
+    transition_carry,
+)
 from confluent_bank.checkpoint import bank_from_checkpoint, load_checkpoint, save_checkpoint
 from confluent_bank.commit import commit_transition, detect_transitions
 from confluent_bank.legacy import AdaptivePackBank, init_pack_bank, legacy_forward, migrate_legacy
@@ -61,11 +69,15 @@ __all__ = [
     "OptimizerStateAdapter",
     "RefinedPack",
     "SlotUpdate",
+    "TransitionCarry",
     "TransitionProposal",
+    "TransitionStateAdapter",
     "__version__",
+    "apply_carry",
     "bank_forward",
     "bank_from_checkpoint",
     "bank_slot_terms",
+    "carry_slot_state",
     "cluster_remainder",
     "collision_atom",
     "commit_transition",
@@ -79,6 +91,7 @@ __all__ = [
     "load_checkpoint",
     "migrate_legacy",
     "moment_atom",
+    "moment_carry_adapter",
     "pair_derivative_error",
     "pair_moments",
     "pair_series_error",
@@ -90,6 +103,7 @@ __all__ = [
     "sigma_tower",
     "sigma_tower_rows",
     "snapshot_digest",
+    "transition_carry",
     "transport_optimizer_state",
     "within_error_budget",
 ]

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from confluent_bank._host import STATE_NAMES, representation_problems
+from confluent_bank.carry import _carry_from_host
 from confluent_bank.proposals import _check_implied_updates, _HostBank, _pair_proposal
 from confluent_bank.records import SlotUpdate, TransitionProposal
 from confluent_bank.transport import (
@@ -144,7 +145,9 @@ def commit_transition(
     relabelled kind is refused, not judged); `acceptance(bank, proposal)`
     (falsy → `(bank, optimizer_state, False)`, the same objects, before anything is
     built); applying the updates in order; the candidate with `transition_version + 1`; the
-    optimizer state (`state_adapter(state, candidate, slots)`, or `reset_slot_state` for a
+    optimizer state (`state_adapter.carry_transition(state, candidate, carry)` with the
+    proposal's `TransitionCarry` when the adapter has that method, else
+    `state_adapter(state, candidate, slots)`, or `reset_slot_state` for a
     `NamedMomentState`); `postcondition(candidate)` (falsy → the originals and `False`).
 
     The bank is read from the device once; the touched blocks go back in one transfer.
@@ -162,7 +165,8 @@ def commit_transition(
     - `between_steps`: must be `True`.
     - `acceptance`: `(bank, proposal) -> bool`.
     - `postcondition`: optional `(candidate) -> bool`, checked last.
-    - `state_adapter`: an `OptimizerStateAdapter`, e.g. `confluent_bank.optax.commit_adapter()`.
+    - `state_adapter`: an `OptimizerStateAdapter`, e.g. `confluent_bank.optax.commit_adapter()`
+      (which carries the moments through the transition, see `confluent_bank.carry`).
 
     **Returns:** `(bank', state', accepted)`.
 
@@ -206,6 +210,9 @@ def commit_transition(
                 "state_adapter=... (confluent_bank.optax.commit_adapter() for optax states)"
             )
         next_state: Any = reset_slot_state(optimizer_state, candidate, slots)
+    elif hasattr(state_adapter, "carry_transition"):
+        carry = _carry_from_host(view.host, proposal, slots)
+        next_state = state_adapter.carry_transition(optimizer_state, candidate, carry)
     else:
         next_state = state_adapter(optimizer_state, candidate, slots)
     if postcondition is not None and not postcondition(candidate):

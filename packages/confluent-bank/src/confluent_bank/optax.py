@@ -3,6 +3,7 @@
 ```python
 import confluent_bank.optax as cbo
 
+optimizer = cbo.row_warmup(optax.adam(1e-2), steps=200)  # warms in fresh rows
 bank, opt_state, ok = cb.commit_transition(
     bank, proposal, opt_state, between_steps=True, acceptance=accept,
     state_adapter=cbo.commit_adapter(),
@@ -13,14 +14,16 @@ bank, opt_state = cb.permute_bank(
 ```
 
 The adapters walk the optax state (chains, `inject_hyperparams`, `masked`,
-`multi_transform`, `apply_if_finite`, `MultiSteps`) down to its moment trees (`mu`, `nu`,
-`trace`, ...). Inside each moment tree they find the node shaped like the bank: the
-`bank.parameters` dict or a `ConfluentPackBank` (full, or filtered with `None` leaves), at
-the root or nested anywhere in a larger model pytree. Its rows are then reset (commit),
-permuted (both transports), and sign-flipped for the relabelled `weights`/`scales` rows of
-odd moments (`mu`, `trace`; never `nu`). Step counts, hyperparameters and everything outside
-the bank are returned unchanged. A state type the adapters do not know raises `TypeError`
-naming it; teach them with `parities=`.
+`multi_transform`, `apply_if_finite`, `MultiSteps`, `row_warmup`) down to its moment trees
+(`mu`, `nu`, `trace`, ...). Inside each moment tree they find the node shaped like the bank:
+the `bank.parameters` dict or a `ConfluentPackBank` (full, or filtered with `None` leaves),
+at the root or nested anywhere in a larger model pytree. At a commit its rows are carried
+through the transition's change of coordinates (`confluent_bank.carry`: first moments
+exactly through the Jacobian, second moments by a bound) and the warm-up counters of fresh
+coordinates restart; both transports permute the rows and sign-flip the relabelled
+`weights`/`scales` rows of odd moments (`mu`, `trace`; never `nu`). Step counts,
+hyperparameters and everything outside the bank are returned unchanged. A state type the
+adapters do not know raises `TypeError` naming it; teach them with `parities=`.
 
 Requires `pip install "confluent-bank[optax]"`; `import confluent_bank` never imports optax.
 """
@@ -29,16 +32,89 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from confluent_bank._host import PARAMETER_NAMES, STATE_NAMES
 from confluent_bank.bank import ConfluentPackBank
+from confluent_bank.carry import TransitionCarry, apply_carry
 from confluent_bank.transport import SIGN_BLOCKS, _gather_rows, _negate_rows, _zero_rows
 
-__all__ = ["KNOWN_STATE_PARITIES", "commit_adapter", "transport_adapter"]
+__all__ = [
+    "KNOWN_STATE_PARITIES",
+    "RowWarmupState",
+    "commit_adapter",
+    "row_warmup",
+    "transport_adapter",
+]
+
+
+class RowWarmupState(NamedTuple):
+    """The state of `row_warmup`: the wrapped optimizer's state and the warm-up counters.
+
+    **Fields:**
+
+    - `inner_state`: the wrapped optimizer's state.
+    - `ramp`: a pytree shaped like the params; each int32 entry counts the updates since
+      that coordinate was (re)started, capped at `steps` (a coordinate at `steps` is warm).
+    """
+
+    inner_state: Any
+    ramp: Any
+
+
+def row_warmup(
+    optimizer: optax.GradientTransformation, *, steps: int
+) -> optax.GradientTransformationExtraArgs:
+    """Wrap `optimizer` so that restarted coordinates ramp their updates in from 0 to full.
+
+    Each coordinate has a counter `r`; the `k`-th update after a restart is multiplied by
+    `min(k, steps) / steps`, a linear learning-rate warm-up applied per coordinate. At
+    `init` every coordinate is warm (the first updates of a fresh run are not scaled). The
+    adapters of this module restart the counters of a commit's fresh coordinates (a birth's
+    slot, a pair's `directions`; with `commit_adapter(transport=False)` every affected row).
+
+    **Choosing `steps`.** An adaptive optimizer (Adam and relatives) moves a coordinate with
+    fresh moments by about the learning rate `η` per update whatever its gradient, so a
+    newborn weight oscillates around its optimum with amplitude `~η·k/steps` after `k`
+    updates. For the loss to stay near its current value `L` that amplitude must stay below
+    the weight the residual can use, `~√(L / E[σ²])`; with `k` the horizon you want quiet,
+    `steps ≳ k·η / √(L / E[σ²])` (e.g. `η = 0.03`, `L = 2·10⁻⁵`, 50 quiet steps: about 200).
+    Plain SGD with momentum scales its step with the (small) gradient and needs little
+    warm-up; a few tens of steps, about `1/(1 − momentum)`, fill its momentum.
+
+    **Arguments:**
+
+    - `optimizer`: any optax `GradientTransformation`.
+    - `steps`: ramp length, a positive integer.
+
+    **Returns:** an optax `GradientTransformationExtraArgs` with state `RowWarmupState`.
+
+    **Raises:** `ValueError` for a non-positive `steps`; `TypeError` for a non-integer one.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int):
+        raise TypeError(f"row_warmup steps must be an integer, got {steps!r}")
+    if steps < 1:
+        raise ValueError(f"row_warmup steps must be >= 1, got {steps}")
+    inner = optax.with_extra_args_support(optimizer)
+
+    def init(params: Any) -> RowWarmupState:
+        ramp = jax.tree.map(lambda p: jnp.full(jnp.shape(p), steps, jnp.int32), params)
+        return RowWarmupState(inner.init(params), ramp)
+
+    def update(
+        updates: Any, state: RowWarmupState, params: Any = None, **extra_args: Any
+    ) -> tuple[Any, RowWarmupState]:
+        updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
+        ramp = jax.tree.map(lambda r: jnp.minimum(r + 1, steps), state.ramp)
+        scaled = jax.tree.map(lambda u, r: u * (r / steps).astype(u.dtype), updates, ramp)
+        return scaled, RowWarmupState(inner_state, ramp)
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
 
 # Field roles: "odd"/"even" moment trees (linear / quadratic statistics of the gradient),
 # "keep" (counts, hyperparameters, keys), "state" (a nested optax state), "states" (a mapping
@@ -82,13 +158,14 @@ _KNOWN_BY_NAME: dict[str, dict[str, str]] = {
 
 KNOWN_STATE_PARITIES: dict[type, dict[str, str]] = {
     getattr(optax, name): roles for name, roles in _KNOWN_BY_NAME.items() if hasattr(optax, name)
-}
+} | {RowWarmupState: {"inner_state": "state", "ramp": "warmup"}}
 """The optax state types the adapters understand, mapped to the role of each field:
-`"odd"` (a linear gradient statistic: sign-flipped by a tanh relabel), `"even"` (quadratic or
-absolute: never flipped), `"keep"` (counts, hyperparameters: untouched), `"state"` (a nested
-optax state) or `"states"` (a mapping or sequence of nested states)."""
+`"odd"` (a linear gradient statistic: carried linearly, sign-flipped by a tanh relabel),
+`"even"` (quadratic or absolute: carried by a bound, never flipped), `"warmup"` (warm-up
+counters: restarted for fresh coordinates), `"keep"` (counts, hyperparameters: untouched),
+`"state"` (a nested optax state) or `"states"` (a mapping or sequence of nested states)."""
 
-_ROLES = frozenset({"odd", "even", "keep", "state", "states"})
+_ROLES = frozenset({"odd", "even", "warmup", "keep", "state", "states"})
 
 # A function of (bank-shaped node's arrays by block name, parity) returning the new arrays.
 _RowOp = Callable[[dict[str, Any], str], dict[str, Any]]
@@ -146,7 +223,8 @@ class _Walk:
             raise TypeError(
                 f"confluent_bank.optax cannot adapt optimizer state of type "
                 f"{kind.__module__}.{kind.__qualname__} (at {where or 'the root'}); pass "
-                "parities={type: {field: 'odd'|'even'|'keep'|'state'|'states'}} or an explicit "
+                "parities={type: {field: 'odd'|'even'|'warmup'|'keep'|'state'|'states'}} or an "
+                "explicit "
                 "adapter function"
             )
         fields = getattr(type(state), "_fields", None)
@@ -161,7 +239,7 @@ class _Walk:
         updates = {}
         for field in fields:
             role, value, at = roles[field], getattr(state, field), f"{where}.{field}"
-            if role in ("odd", "even"):
+            if role in ("odd", "even", "warmup"):
                 updates[field] = self.moments(value, role, at)
             elif role == "state":
                 updates[field] = self.state(value, at)
@@ -223,7 +301,7 @@ def _parities(extra: Mapping[type, Mapping[str, str]] | None) -> dict[type, dict
 
 
 @dataclasses.dataclass(frozen=True)
-class _CommitAdapter:
+class _ResetAdapter:
     path: str | None
     parities: Mapping[type, Mapping[str, str]]
 
@@ -231,10 +309,19 @@ class _CommitAdapter:
         size = bank.max_packs
 
         def reset(arrays: dict[str, Any], parity: str) -> dict[str, Any]:
-            del parity  # a fresh slot forgets every statistic
+            del parity  # a fresh slot forgets every statistic (warm-up counters restart)
             return _zero_rows(arrays, tuple(slots), size)
 
         return _Walk(bank, reset, self.path, self.parities).run(state)
+
+
+@dataclasses.dataclass(frozen=True)
+class _CarryAdapter(_ResetAdapter):
+    def carry_transition(self, state: Any, bank: Any, carry: TransitionCarry) -> Any:
+        def move(arrays: dict[str, Any], parity: str) -> dict[str, Any]:
+            return apply_carry(arrays, carry, parity)
+
+        return _Walk(bank, move, self.path, self.parities).run(state)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,12 +355,21 @@ def _check_path(path: str | None) -> str | None:
 
 
 def commit_adapter(
-    *, path: str | None = None, parities: Mapping[type, Mapping[str, str]] | None = None
+    *,
+    path: str | None = None,
+    parities: Mapping[type, Mapping[str, str]] | None = None,
+    transport: bool = True,
 ) -> Callable[[Any, Any, tuple[int, ...]], Any]:
     """An `OptimizerStateAdapter` for optax states, for `commit_transition(state_adapter=...)`.
 
-    Zeroes the rows of the affected slots in every moment tree (`mu`, `nu`, `trace`, ...)
-    of the bank-shaped node, keeping step counts and everything else.
+    By default a `TransitionStateAdapter`: `commit_transition` hands it the proposal's
+    `TransitionCarry`, and it carries every moment tree (`mu`, `nu`, `trace`, ...) of the
+    bank-shaped node through the transition's change of coordinates (see
+    `confluent_bank.carry`): odd moments exactly through the Jacobian, even ones by the
+    Cauchy–Schwarz bound; fresh coordinates (a birth's slot, a pair's `directions`) start at
+    zero and their `row_warmup` counters restart. Step counts and everything else are kept.
+    Called directly as `adapter(state, bank, slots)` (without a carry), or with
+    `transport=False`, it zeroes the affected rows instead (the earlier behaviour).
 
     **Arguments:**
 
@@ -282,13 +378,18 @@ def commit_adapter(
       parameters dict). Needed only when several nodes have the bank's shapes.
     - `parities`: extra or overriding state types, `{StateType: {field: role}}` with roles
       as in `KNOWN_STATE_PARITIES`.
+    - `transport`: carry the moments through the transition (default) or zero the rows.
 
-    **Returns:** a callable `(state, candidate_bank, slots) -> state`.
+    **Returns:** a callable `(state, candidate_bank, slots) -> state`, with a
+    `carry_transition(state, candidate_bank, carry)` method when `transport` is true.
 
     Calling it raises `TypeError` naming an unknown state type, and `ValueError` when no
     moment tree holds the bank or one holds several candidates and `path` is not given.
     """
-    return _CommitAdapter(_check_path(path), _parities(parities))
+    if not isinstance(transport, bool):
+        raise TypeError(f"transport must be True or False, got {transport!r}")
+    kind = _CarryAdapter if transport else _ResetAdapter
+    return kind(_check_path(path), _parities(parities))
 
 
 def transport_adapter(

@@ -1,0 +1,418 @@
+"""Carrying optimizer moments through a committed transition's change of coordinates.
+
+A transition replaces the parameters `θ` of its slots by new ones `φ`. Where the function is
+kept (pair, cluster up to its remainder), the gradients are related by the chain rule, so the
+optimizer's statistics of the gradient can follow instead of restarting at zero:
+
+* **Exact reparametrisations** (the centred pair). The old atoms are a smooth function
+  `θ = S(φ)` of the new coordinates with `f_new(φ) = f_old(S(φ))`, so with `K = ∂S/∂φ`
+  the new gradient is exactly `g_φ = Kᵀ g_θ`. First moments (and momenta, accumulated
+  gradients) are linear in the gradient and move exactly: `μ_φ = Kᵀ μ_θ`.
+* **Truncations** (the cluster). The new coordinates are `φ = T(θ)` with
+  `f_old ≈ f_new ∘ T`, so `g_θ ≈ Jᵀ g_φ` with `J = ∂T/∂θ`; the least-squares solution is
+  `g_φ = (Jᵀ)⁺ g_θ` (the pseudo-inverse), which is `Kᵀ g_θ` whenever `T` is invertible.
+* **Second moments.** `E[g_φ g_φᵀ] = G E[g_θ g_θᵀ] Gᵀ` for the linear map `G` above, but the
+  optimizer keeps only the diagonal `ν_θ`. The carry uses the Cauchy–Schwarz bound
+  `ν_φ,k = (Σ_o |G_ko| √ν_θ,o)²`, the diagonal of the transformed outer product when the
+  old gradients are fully correlated. It is never smaller than the true value (for any
+  correlation), so the first steps after a commit are never larger than the old ones;
+  and since `|μ_θ,o| ≤ √ν_θ,o` for Adam-like moments, `|μ_φ,k| ≤ √ν_φ,k` stays true.
+* **Fresh coordinates** no old coordinate determines (a birth's whole slot, a pair's
+  `directions`, an unknown proposal kind's slots) start with zero first moments and are
+  listed in `TransitionCarry.fresh` so a warm-up (`confluent_bank.optax.row_warmup`) can
+  ramp their updates in. Their second moments are seeded from their siblings (the same
+  block and column of the other active slots), `ν_new = (mean_o √ν_o)²`: a newborn weight's
+  gradient has the scale of the other weights' gradients, and an adaptive optimizer with
+  `ν = 0` would otherwise take a full learning-rate step whatever the gradient's size.
+  Rows of switched-off slots are zeroed (they no longer affect the loss).
+* A **derivative** (`ρ → 0`) keeps its coordinates: its moments are left as they are.
+
+`TransitionCarry` records this plan as sparse entries over the bank's parameter
+coordinates `(block, row, column)`; `apply_carry` applies it to one set of moment arrays.
+Both the optax adapters and `NamedMomentState` go through `apply_carry`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from confluent_bank._host import PARAMETER_NAMES, read_host_state
+from confluent_bank.transport import (
+    EVEN_MOMENT_KINDS,
+    ODD_MOMENT_KINDS,
+    NamedMomentState,
+    _checked_moments,
+    reset_slot_state,
+)
+
+if TYPE_CHECKING:
+    from confluent_bank.bank import ConfluentPackBank
+    from confluent_bank.records import TransitionProposal
+
+StateT = TypeVar("StateT")
+
+__all__ = [
+    "TransitionCarry",
+    "TransitionStateAdapter",
+    "apply_carry",
+    "carry_slot_state",
+    "moment_carry_adapter",
+    "transition_carry",
+]
+
+# A parameter coordinate: (block name, slot row, column; 0 for the (P,) blocks).
+Coordinate = tuple[str, int, int]
+
+_PAIR_KINDS = ("centered_pair", "duplicate_merge")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransitionCarry:
+    """How one committed transition moves the optimizer's per-coordinate statistics.
+
+    **Fields:**
+
+    - `kind`: the proposal's kind (e.g. `"centered_pair"`).
+    - `slots`: the proposal's slot positions.
+    - `reset`: slot rows whose moments are rebuilt (every block); all other rows are kept.
+    - `entries`: `(new, old, coefficient)` triples: the new statistic at coordinate `new`
+      receives `coefficient ×` the old one at `old` (the matrix `G` of the module docs).
+    - `fresh`: coordinates that start from zero first moments and should be warmed in.
+    - `seeds`: `(new, old, coefficient)` triples applied to second moments only: each fresh
+      coordinate's second moment from its siblings (`coefficient = 1/count`).
+    """
+
+    kind: str
+    slots: tuple[int, ...]
+    reset: tuple[int, ...]
+    entries: tuple[tuple[Coordinate, Coordinate, float], ...]
+    fresh: tuple[Coordinate, ...]
+    seeds: tuple[tuple[Coordinate, Coordinate, float], ...] = ()
+
+
+class TransitionStateAdapter(Protocol[StateT]):
+    """An `OptimizerStateAdapter` that can also follow a transition's change of coordinates.
+
+    `commit_transition` calls `adapter.carry_transition(state, candidate_bank, carry)` with
+    the `TransitionCarry` of the committed proposal when the adapter has that method, and
+    the plain `adapter(state, candidate_bank, slots)` otherwise.
+    """
+
+    def __call__(
+        self, state: StateT, bank: ConfluentPackBank, slots: tuple[int, ...]
+    ) -> StateT: ...
+
+    def carry_transition(
+        self, state: StateT, bank: ConfluentPackBank, carry: TransitionCarry
+    ) -> StateT: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan, on host numbers
+
+
+def _value(host: Mapping[str, np.ndarray], name: str, slot: int) -> float:
+    return float(np.asarray(host[name][slot], dtype=np.float64))
+
+
+def _row(slot: int) -> tuple[Coordinate, ...]:
+    names = ("centers", "weights", "scales")
+    return tuple((name, slot, 0) for name in names)
+
+
+def _pair_entries(
+    host: Mapping[str, np.ndarray], first: int, second: int
+) -> tuple[list[tuple[Coordinate, Coordinate, float]], list[Coordinate]]:
+    """`Kᵀ` of the exact inverse map `S`: the pair's coordinates → its two old atoms."""
+    s = _value(host, "scales", first)
+    c = [_value(host, "centers", i) for i in (first, second)]
+    a = [_value(host, "weights", i) for i in (first, second)]
+    b = [-s * ci for ci in c]
+    # the "+" atom sits at σ(u + h), i.e. has the larger b = −s·c
+    plus, minus = (0, 1) if b[0] >= b[1] else (1, 0)
+    slot = (first, second)
+    h = abs(b[0] - b[1]) / 2
+    new = {name: (name, first, 0) for name in PARAMETER_NAMES}
+    entries: list[tuple[Coordinate, Coordinate, float]] = []
+    if h == 0:
+        # duplicate merge: c± = c, a± = m0/2, s± = s; ρ, m1 and η have no old counterpart
+        for j in (0, 1):
+            old_c, old_a, old_s = _row(slot[j])
+            entries += [(new["centers"], old_c, 1.0), (new["weights"], old_a, 0.5)]
+            entries.append((new["scales"], old_s, 1.0))
+        fresh = [new[name] for name in ("rho", "odd_moments", "directions", "direction_bias")]
+        return entries, fresh
+    m1 = h * (a[plus] - a[minus])
+    e = 1.0  # the committed direction bias; directions = 0
+    for j, sign in ((plus, 1.0), (minus, -1.0)):
+        old_c, old_a, old_s = _row(slot[j])
+        # c± = c ∓ h·e/s,  a± = (m0 ± m1/h)/2,  s± = s,  with h = √ρ
+        entries += [
+            (new["centers"], old_c, 1.0),
+            (new["rho"], old_c, -sign * e / (2 * h * s)),
+            (new["scales"], old_c, sign * h * e / s**2),
+            (new["direction_bias"], old_c, -sign * h / s),
+            (new["weights"], old_a, 0.5),
+            (new["odd_moments"], old_a, sign / (2 * h)),
+            (new["rho"], old_a, -sign * m1 / (4 * h**3)),
+            (new["scales"], old_s, 1.0),
+        ]
+    return entries, [new["directions"]]
+
+
+def _cluster_entries(
+    host: Mapping[str, np.ndarray], slots: Sequence[int], order: int
+) -> list[tuple[Coordinate, Coordinate, float]]:
+    """`(Jᵀ)⁺` of the truncation `T`: the cluster's atoms → centre, moments and scale."""
+    n = len(slots)
+    c = np.array([_value(host, "centers", i) for i in slots])
+    a = np.array([_value(host, "weights", i) for i in slots])
+    s_mean = float(np.mean([_value(host, "scales", i) for i in slots]))
+    c_mean = float(np.mean(c))
+    delta = s_mean * (c_mean - c)
+    old = [coordinate for i in slots for coordinate in _row(i)]
+    first = slots[0]
+    new = [("centers", first, 0), ("scales", first, 0)]
+    new += [("moment_coefficients", first, k) for k in range(order + 1)]
+    jacobian = np.zeros((len(new), len(old)))  # J = ∂T/∂θ
+    for j in range(n):
+        jacobian[0, 3 * j] = 1 / n  # c̄ = mean c_j
+        jacobian[1, 3 * j + 2] = 1 / n  # s̄ = mean s_j
+    for k in range(order + 1):
+        row = 2 + k
+        for j in range(n):
+            jacobian[row, 3 * j + 1] = delta[j] ** k / math.factorial(k)  # ∂M_k/∂a_j
+        if k == 0:
+            continue
+        lower = a * delta ** (k - 1) / math.factorial(k - 1)  # a_j δ_j^(k−1)/(k−1)!
+        for i in range(n):
+            # δ_j = s̄(c̄ − c_j): ∂δ_j/∂c_i = s̄(1/n − [i = j]), ∂δ_j/∂s_i = (c̄ − c_j)/n
+            jacobian[row, 3 * i] = s_mean * (np.sum(lower) / n - lower[i])
+            jacobian[row, 3 * i + 2] = float(np.sum(lower * (c_mean - c))) / n
+    carry = np.linalg.pinv(jacobian.T, rcond=1e-10)  # G = (Jᵀ)⁺, shape (new, old)
+    return [
+        (new[k], old[o], float(carry[k, o]))
+        for k in range(len(new))
+        for o in range(len(old))
+        if carry[k, o] != 0
+    ]
+
+
+def _every_coordinate(slot: int, columns: int) -> list[Coordinate]:
+    coordinates: list[Coordinate] = [(name, slot, 0) for name in PARAMETER_NAMES[:-1]]
+    coordinates += [("moment_coefficients", slot, k) for k in range(columns)]
+    return coordinates
+
+
+def _carry_from_host(
+    host: Mapping[str, np.ndarray], proposal: TransitionProposal, slots: tuple[int, ...]
+) -> TransitionCarry:
+    """The plan for `proposal` (committed at positions `slots`) from the old host state."""
+    kind = proposal.kind
+    columns = int(np.shape(host["moment_coefficients"])[1])
+    entries: list[tuple[Coordinate, Coordinate, float]] = []
+    fresh: list[Coordinate] = []
+    reset = slots
+    if kind in _PAIR_KINDS and len(slots) == 2:
+        entries, fresh = _pair_entries(host, *slots)
+    elif kind == "cluster_to_moments":
+        order = next(int(u.value) for u in proposal.updates if u.name == "orders")
+        entries = _cluster_entries(host, slots, order)
+    elif kind == "pair_to_derivative":
+        reset = ()  # same coordinates; only the spread's value moves
+    elif kind == "remove_zero":
+        pass  # the slot is switched off: its statistics no longer matter
+    else:  # a birth, or a kind whose coordinate change is unknown: restart and warm in
+        fresh = [c for i in slots for c in _every_coordinate(i, columns)]
+    siblings = [
+        int(i) for i in np.flatnonzero(np.asarray(host["active"], dtype=bool)) if i not in slots
+    ]
+    seeds = [
+        ((name, row, column), (name, other, column), 1 / len(siblings))
+        for name, row, column in fresh
+        for other in siblings
+    ]
+    return TransitionCarry(
+        kind, tuple(slots), tuple(reset), tuple(entries), tuple(fresh), tuple(seeds)
+    )
+
+
+def transition_carry(bank: ConfluentPackBank, proposal: TransitionProposal) -> TransitionCarry:
+    """The `TransitionCarry` that committing `proposal` to `bank` would use.
+
+    `commit_transition` builds it from its own host copy; this is for custom adapters and
+    inspection. Reads the bank from the device once.
+
+    **Arguments:**
+
+    - `bank`: the bank the proposal was made from.
+    - `proposal`: a `TransitionProposal`.
+
+    **Raises:** `ValueError` for a stable id the bank does not hold.
+    """
+    host = read_host_state(bank)
+    ids = [int(i) for i in host["slot_ids"]]
+    unknown = [i for i in proposal.slot_ids if i not in ids]
+    if unknown:
+        raise ValueError(f"proposal contains unknown stable slot IDs {unknown}; bank has {ids}")
+    return _carry_from_host(host, proposal, tuple(ids.index(i) for i in proposal.slot_ids))
+
+
+# ---------------------------------------------------------------------------------------------
+# Applying the plan to one bank-shaped set of arrays (one compiled program per structure and
+# padded plan length, whatever the slots).
+
+
+@jax.jit
+def _carry_jit(tree: Any, keep: Any, dst: Any, src: Any, coef: Any, even: Any) -> Any:
+    leaves, treedef = jax.tree.flatten(tree)
+    flat = jnp.concatenate([jnp.ravel(leaf) for leaf in leaves])
+    old = flat[src]
+    odd_sum = jax.ops.segment_sum(coef * old, dst, num_segments=flat.size)
+    root = jnp.sqrt(jnp.maximum(old, 0))
+    even_sum = jax.ops.segment_sum(jnp.abs(coef) * root, dst, num_segments=flat.size) ** 2
+    new = jnp.where(keep, flat, 0) + jnp.where(even, even_sum, odd_sum)
+    pieces, start = [], 0
+    for leaf in leaves:
+        pieces.append(new[start : start + leaf.size].reshape(leaf.shape).astype(leaf.dtype))
+        start += leaf.size
+    return jax.tree.unflatten(treedef, pieces)
+
+
+@jax.jit
+def _fresh_jit(tree: Any, fresh: Any) -> Any:
+    leaves, treedef = jax.tree.flatten(tree)
+    pieces, start = [], 0
+    for leaf in leaves:
+        mask = fresh[start : start + leaf.size].reshape(leaf.shape)
+        pieces.append(jnp.where(mask, jnp.zeros((), leaf.dtype), leaf))
+        start += leaf.size
+    return jax.tree.unflatten(treedef, pieces)
+
+
+def _offsets(arrays: Mapping[str, Any]) -> tuple[dict[str, tuple[int, int]], int]:
+    offsets, total = {}, 0
+    for name in sorted(arrays):
+        shape = np.shape(arrays[name])
+        width = int(np.prod(shape[1:], dtype=int))
+        offsets[name] = (total, width)
+        total += int(np.prod(shape, dtype=int))
+    return offsets, total
+
+
+def _flat_index(offsets: Mapping[str, tuple[int, int]], coordinate: Coordinate) -> int | None:
+    name, row, column = coordinate
+    if name not in offsets:
+        return None  # a block the optimizer does not see (filtered params)
+    start, width = offsets[name]
+    return start + row * width + column
+
+
+def apply_carry(arrays: Mapping[str, Any], carry: TransitionCarry, parity: str) -> dict[str, Any]:
+    """Move one statistic of the bank's parameters through a transition.
+
+    **Arguments:**
+
+    - `arrays`: `{block name: array}` for some or all of `PARAMETER_NAMES`, each shaped like
+      the bank's block (blocks the optimizer does not see may be left out).
+    - `carry`: the transition's `TransitionCarry`.
+    - `parity`: `"odd"` (linear in the gradient: `μ' = G μ`), `"even"` (quadratic:
+      `ν' = (|G| √ν)²`, fresh coordinates seeded from `carry.seeds`) or `"warmup"`
+      (warm-up counters: `fresh` coordinates restart at 0).
+
+    **Returns:** a new dict with the same keys; rows outside `carry.reset` are unchanged.
+    """
+    if parity not in ("odd", "even", "warmup"):
+        raise ValueError(f"parity must be 'odd', 'even' or 'warmup', got {parity!r}")
+    arrays = dict(arrays)
+    if not arrays:
+        return arrays
+    offsets, total = _offsets(arrays)
+    ordered = {name: arrays[name] for name in sorted(arrays)}
+    if parity == "warmup":
+        fresh = np.zeros(total, dtype=bool)
+        for coordinate in carry.fresh:
+            index = _flat_index(offsets, coordinate)
+            if index is not None:
+                fresh[index] = True
+        return dict(_fresh_jit(ordered, fresh)) if fresh.any() else arrays
+    if not carry.reset:
+        return arrays
+    keep = np.ones(total, dtype=bool)
+    for start, width in offsets.values():
+        for row in carry.reset:
+            keep[start + row * width : start + (row + 1) * width] = False
+    triples = []
+    for new, old, coefficient in carry.entries + (carry.seeds if parity == "even" else ()):
+        dst, src = _flat_index(offsets, new), _flat_index(offsets, old)
+        if dst is not None and src is not None:
+            triples.append((dst, src, coefficient))
+    # pad to a power of two, so a handful of compiled programs serve every transition
+    length = 1 << max(len(triples), 1).bit_length()
+    dst = np.zeros(length, dtype=np.int32)
+    src = np.zeros(length, dtype=np.int32)
+    coef = np.zeros(length)
+    for i, (d, s, k) in enumerate(triples):
+        dst[i], src[i], coef[i] = d, s, k
+    dtype = jnp.result_type(*ordered.values())
+    result = _carry_jit(ordered, keep, dst, src, coef.astype(dtype), np.bool_(parity == "even"))
+    return dict(result)
+
+
+# ---------------------------------------------------------------------------------------------
+# NamedMomentState
+
+
+def carry_slot_state(state: Any, bank: ConfluentPackBank, carry: TransitionCarry) -> Any:
+    """Carry a `NamedMomentState` through a transition (see the module docs for the maths).
+
+    Odd kinds (`"first"`, `"momentum"`, `"gradient_average"`) move linearly, even kinds
+    (`"second"`, `"variance"`, ...) by the Cauchy–Schwarz bound; `step` is kept.
+
+    **Arguments:**
+
+    - `state`: a `NamedMomentState` matching the bank's parameters.
+    - `bank`: the candidate bank; only its parameter shapes are read.
+    - `carry`: the transition's `TransitionCarry`.
+
+    **Returns:** a new `NamedMomentState` with the same `step` object.
+
+    **Raises:** `TypeError` for another state type or a moment kind whose parity is unknown;
+    `ValueError` for key-set or shape mismatches.
+    """
+    moments = _checked_moments(state, bank, "OptimizerStateAdapter")
+    unknown = sorted(set(moments) - ODD_MOMENT_KINDS - EVEN_MOMENT_KINDS)
+    if unknown and carry.reset:
+        raise TypeError(
+            f"unknown moment parity: kinds {unknown} are neither odd {sorted(ODD_MOMENT_KINDS)} "
+            f"nor even {sorted(EVEN_MOMENT_KINDS)}; pass an explicit OptimizerStateAdapter"
+        )
+    carried = {
+        kind: apply_carry(entries, carry, "odd" if kind in ODD_MOMENT_KINDS else "even")
+        for kind, entries in moments.items()
+    }
+    return NamedMomentState(state.step, carried)
+
+
+@dataclasses.dataclass(frozen=True)
+class _MomentCarryAdapter:
+    def __call__(self, state: Any, bank: Any, slots: tuple[int, ...]) -> Any:
+        return reset_slot_state(state, bank, slots)
+
+    def carry_transition(self, state: Any, bank: Any, carry: TransitionCarry) -> Any:
+        return carry_slot_state(state, bank, carry)
+
+
+def moment_carry_adapter() -> TransitionStateAdapter[Any]:
+    """A `TransitionStateAdapter` for `NamedMomentState`: `commit_transition(...,
+    state_adapter=moment_carry_adapter())` carries the moments (`carry_slot_state`) instead
+    of zeroing the affected rows (`reset_slot_state`, the default without an adapter).
+    """
+    return _MomentCarryAdapter()
