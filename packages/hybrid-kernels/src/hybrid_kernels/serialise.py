@@ -256,8 +256,13 @@ def load_predictors(path: str | os.PathLike[str], template: Any) -> Any:
     try:
         loaded = eqx.tree_deserialise_leaves(stream, template, filter_spec=_checked_leaf)
     except Exception as err:  # whatever the leaf bytes hold, the caller gets a ValueError
+        cause = err
+        while cause.__cause__ is not None:  # equinox wraps the error with the leaf's path
+            cause = cause.__cause__
+        leaf = getattr(err, "path", None)
+        at = f" at leaf {jtu.keystr(leaf)}" if isinstance(leaf, tuple) else ""
         raise ValueError(
-            f"{str(path)!r} holds leaf data that does not match its header: {err}"
+            f"{str(path)!r} holds leaf data that does not match its header{at}: {cause}"
         ) from None
     if stream.read(1):
         raise ValueError(f"{str(path)!r} holds more leaf data than the template reads")
