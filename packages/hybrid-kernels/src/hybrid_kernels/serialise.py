@@ -1,12 +1,14 @@
 """Saving trained predictors, and loading them back safely.
 
-One file holds everything: a text header line, one line of JSON metadata, then the leaves as
-written by `eqx.tree_serialise_leaves`. The metadata records a fingerprint of the pytree (its
-structure, static configuration included, and every leaf's path, shape and dtype), so loading
-into a template that differs in any of these raises a `ValueError` that names the difference,
-instead of silently reading numbers into the wrong places. Writes are atomic: the file is
-written beside its destination and moved into place, so an interrupted save never leaves a
-truncated file behind.
+One file holds everything: a text header line, one line of JSON metadata, the leaves as
+written by `eqx.tree_serialise_leaves`, then the SHA-256 digest (32 bytes) of all that comes
+before it. The metadata records a fingerprint of the pytree (its structure, static
+configuration included, and every leaf's path, shape and dtype), so loading into a template
+that differs in any of these raises a `ValueError` that names the difference, instead of
+silently reading numbers into the wrong places. The digest is checked before anything is
+read, so a truncated or altered file (even by one bit) raises a `ValueError` instead of
+loading other values. Writes are atomic (`hybrid_kernels._atomic`): an interrupted save never
+leaves a truncated file behind, and its temporary is deleted by the next save.
 
 What is not saved: `simulate_fn`, `state_to_output`, the dataset, the trainable mask. Loading
 needs a template: a freshly built pytree of the same architecture.
@@ -15,11 +17,11 @@ needs a template: a freshly built pytree of the same architecture.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import os
 import re
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,11 +32,15 @@ import jax.tree_util as jtu
 import numpy as np
 
 from hybrid_kernels.__about__ import __version__
+from hybrid_kernels._atomic import write_atomic
+from hybrid_kernels._npy import check_npy_header
 
 __all__ = ["load_predictors", "read_predictors_metadata", "save_predictors"]
 
 _MAGIC = b"hybrid-kernels predictors\n"
-_FORMAT = 1
+_FORMAT = 2
+_DIGEST = hashlib.sha256
+_DIGEST_SIZE = _DIGEST().digest_size
 # Reprs of functions held in static fields carry memory addresses that change per process.
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
@@ -143,10 +149,13 @@ def save_predictors(
       solver's `to_dict()` or a loss history); read back with `read_predictors_metadata`.
 
     **Returns:** the path written.
+
+    The file ends with a checksum of its contents, verified on load. It is written to a
+    temporary file unique to this call (`.<name>.<random>.tmp` in the same folder) and renamed
+    over `path`, so concurrent saves never mix; temporaries of `path` left by a killed save
+    are deleted by the next save to `path`.
     """
     path = Path(path)
-    if not path.parent.is_dir():
-        raise ValueError(f"path's directory {str(path.parent)!r} does not exist")
     try:
         user = json.loads(json.dumps(dict(metadata or {}), allow_nan=True))
     except TypeError as err:
@@ -162,27 +171,27 @@ def save_predictors(
     buffer = io.BytesIO()
     eqx.tree_serialise_leaves(buffer, predictors)
     blob = _MAGIC + json.dumps(header).encode() + b"\n" + buffer.getvalue()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, blob + _DIGEST(blob).digest())
+
+
+def _valid_header(header: dict[str, Any]) -> bool:
+    fingerprint = header.get("fingerprint")
+    return (
+        isinstance(header.get("metadata"), dict)
+        and isinstance(fingerprint, dict)
+        and all(isinstance(fingerprint.get(k), list) for k in ("modules", "leaves"))
+    )
 
 
 def _read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], bytes]:
+    """The header and leaf bytes of the file at `path`, after checking its digest."""
     data = Path(path).read_bytes()
     if not data.startswith(_MAGIC):
         raise ValueError(f"{str(path)!r} is not a file written by save_predictors")
-    head, sep, leaves = data[len(_MAGIC) :].partition(b"\n")
+    head, sep, rest = data[len(_MAGIC) :].partition(b"\n")
     try:
         header = json.loads(head) if sep else None
-    except json.JSONDecodeError:
+    except ValueError:  # not JSON, or not UTF-8
         header = None
     if not isinstance(header, dict) or "fingerprint" not in header:
         raise ValueError(f"{str(path)!r} has a damaged header")
@@ -191,12 +200,32 @@ def _read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], bytes]:
             f"{str(path)!r} uses file format {header.get('format')!r}; this version of "
             f"hybrid_kernels reads format {_FORMAT}"
         )
-    return header, leaves
+    body, digest = data[:-_DIGEST_SIZE], data[-_DIGEST_SIZE:]
+    if len(rest) < _DIGEST_SIZE or _DIGEST(body).digest() != digest:
+        raise ValueError(
+            f"{str(path)!r} is damaged: its checksum does not match its contents (the file "
+            "was truncated or altered after it was saved)"
+        )
+    if not _valid_header(header):
+        raise ValueError(f"{str(path)!r} has a damaged header")
+    return header, rest[:-_DIGEST_SIZE]
 
 
 def read_predictors_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The `metadata` mapping given to `save_predictors` for the file at `path`."""
+    """The `metadata` mapping given to `save_predictors` for the file at `path`.
+
+    Raises `ValueError` when the file is not a predictors file or fails its checksum.
+    """
     return _read(path)[0]["metadata"]
+
+
+def _checked_leaf(f: Any, like: Any) -> Any:
+    """`eqx.default_deserialise_filter_spec`, after checking the stored array's header."""
+    if eqx.is_array(like) or isinstance(like, (np.generic, bool, int, float, complex)):
+        start = f.tell()
+        check_npy_header(f, shape=np.shape(like), dtype=None, what="a leaf")
+        f.seek(start)
+    return eqx.default_deserialise_filter_spec(f, like)
 
 
 def load_predictors(path: str | os.PathLike[str], template: Any) -> Any:
@@ -210,17 +239,31 @@ def load_predictors(path: str | os.PathLike[str], template: Any) -> Any:
 
     **Returns:** a new pytree like `template` holding the saved values.
 
-    Raises `ValueError` when the file is not a predictors file, or when the template does not
-    match what was saved (the message names the first differing leaf or the structure).
+    Raises `ValueError` when the file is not a predictors file, fails its checksum (it was
+    truncated or altered), or when the template does not match what was saved (the message
+    names the first differing leaf or the structure).
     """
     header, leaves = _read(path)
-    mismatch = _fingerprint_mismatch(header["fingerprint"], _fingerprint(template))
+    try:
+        mismatch = _fingerprint_mismatch(header["fingerprint"], _fingerprint(template))
+    except (KeyError, TypeError, AttributeError):  # a well-formed but crafted header
+        raise ValueError(f"{str(path)!r} has a damaged header") from None
     if mismatch is not None:
         raise ValueError(
             f"template does not match the predictors saved in {str(path)!r}: {mismatch}"
         )
     stream = io.BytesIO(leaves)
-    loaded = eqx.tree_deserialise_leaves(stream, template)
+    try:
+        loaded = eqx.tree_deserialise_leaves(stream, template, filter_spec=_checked_leaf)
+    except Exception as err:  # whatever the leaf bytes hold, the caller gets a ValueError
+        cause = err
+        while cause.__cause__ is not None:  # equinox wraps the error with the leaf's path
+            cause = cause.__cause__
+        leaf = getattr(err, "path", None)
+        at = f" at leaf {jtu.keystr(leaf)}" if isinstance(leaf, tuple) else ""
+        raise ValueError(
+            f"{str(path)!r} holds leaf data that does not match its header{at}: {cause}"
+        ) from None
     if stream.read(1):
         raise ValueError(f"{str(path)!r} holds more leaf data than the template reads")
     return loaded

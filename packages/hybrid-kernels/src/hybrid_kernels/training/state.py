@@ -1,20 +1,31 @@
 """`TrainingState`: everything needed to continue a run, and its atomic file format.
 
 The file is a NumPy `.npz` archive: the array leaves of the predictors, the optimiser state and
-the best snapshot (exact bytes, so a resumed run is bit-identical), plus one JSON document with
-the step counters, the histories and a description of every array for validation. Non-array
-leaves (activation functions, static fields) are not stored: they come from the template the
-loader is given, which must have the same structure.
+the best snapshot (exact bytes, so a resumed run is bit-identical), one JSON document with the
+step counters, the histories (every field of `TrainingState` that is not an array tree or the
+key) and a description of every array, plus a SHA-256 checksum of all the other members.
+Non-array leaves (activation functions, static fields) are not stored: they come from the
+template the loader is given, which must have the same structure.
 
-Writes are atomic: the archive goes to a temporary file in the same folder, is flushed to disk,
-then renamed over the target, so a run killed mid-write leaves the previous file intact.
+Loading checks the checksum before it interprets anything, so a truncated, altered or foreign
+file raises `ValueError`; and it checks every array's stored shape and dtype against the
+template before reading its data, so a file declaring a huge array allocates nothing.
+
+Writes are atomic (`hybrid_kernels._atomic`): the archive goes to a temporary file unique to the
+call, is flushed to disk, then renamed over the target, so a run killed mid-write leaves the
+previous file intact and threads saving at once never mix their bytes. The next save deletes
+temporaries of the same target left by killed saves.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import io
 import json
 import os
+import zipfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +34,46 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_kernels._atomic import write_atomic
+from hybrid_kernels._npy import read_npy
+
 __all__ = ["TrainingState", "load_training_state", "save_training_state"]
 
 _FORMAT = "hybrid_kernels.TrainingState"
-_VERSION = 1
+_VERSION = 2
 _TREES = ("predictors", "opt_state", "best_predictors")
+_CHECKSUM = "checksum.npy"
+
+
+def _floats(values: Any) -> list[float]:
+    return [float(v) for v in values]
+
+
+def _ints(values: Any) -> list[int]:
+    return [int(v) for v in values]
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+# How each stored field comes back from JSON; a field not listed comes back as JSON gave it.
+_DECODE: dict[str, Callable[[Any], Any]] = {
+    "step": int,
+    "phase": int,
+    "phase_step": int,
+    "best_loss": float,
+    "best_step": int,
+    "history": _floats,
+    "penalties": _floats,
+    "val_history": lambda pairs: [(int(s), float(v)) for s, v in pairs],
+    "bad_steps": _ints,
+    "since_best": int,
+    "bad_in_row": int,
+    "tournament_done": bool,
+    "fingerprint": str,
+    "phase_starts": _ints,
+}
 
 
 @dataclasses.dataclass
@@ -81,15 +127,41 @@ def _key_to_host(key: Any) -> tuple[np.ndarray, str | None]:
     return np.asarray(key), None
 
 
+def _stored_fields() -> list[dataclasses.Field[Any]]:
+    """The fields kept in the JSON document: all but the array trees and the key."""
+    return [f for f in dataclasses.fields(TrainingState) if f.name not in (*_TREES, "key")]
+
+
+def _digest(members: Mapping[str, bytes]) -> str:
+    """SHA-256 over every member's name and bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(members):
+        h.update(name.encode() + b"\0" + len(members[name]).to_bytes(8, "little"))
+        h.update(members[name])
+    return h.hexdigest()
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
 def save_training_state(path: str | os.PathLike[str], state: TrainingState) -> None:
-    """Write `state` to `path` atomically (temporary file, flush, rename).
+    """Write `state` to `path` atomically (unique temporary file, fsync, rename).
 
     **Arguments:**
 
     - `path`: the target file; its folder must exist.
     - `state`: the [`TrainingState`][hybrid_kernels.TrainingState] to save.
+
+    The file carries a checksum of its contents, verified on load. Concurrent saves to one
+    `path` (threads or processes) never mix: each writes its own temporary
+    (`.<name>.<random>.tmp` in the same folder) and the last rename wins. Temporaries of
+    `path` left behind by a killed save are deleted by the next save to `path`.
+
+    **Raises:** `ValueError` naming `path` when its folder does not exist.
     """
-    path = Path(path)
     arrays: dict[str, np.ndarray] = {}
     described: dict[str, list[dict[str, Any]]] = {}
     for name in _TREES:
@@ -104,43 +176,59 @@ def save_training_state(path: str | os.PathLike[str], state: TrainingState) -> N
     meta = {
         "format": _FORMAT,
         "version": _VERSION,
-        "step": state.step,
-        "phase": state.phase,
-        "phase_step": state.phase_step,
         "key_impl": key_impl,
-        "best_loss": state.best_loss,
-        "best_step": state.best_step,
-        "history": state.history,
-        "penalties": state.penalties,
-        "val_history": [list(p) for p in state.val_history],
-        "bad_steps": state.bad_steps,
-        "since_best": state.since_best,
-        "bad_in_row": state.bad_in_row,
-        "tournament_done": state.tournament_done,
-        "fingerprint": state.fingerprint,
-        "phase_starts": state.phase_starts,
         "arrays": described,
+        **{f.name: getattr(state, f.name) for f in _stored_fields()},
     }
     arrays["meta"] = np.asarray(json.dumps(meta))
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    with zipfile.ZipFile(buffer, "a") as archive:
+        members = {info.filename: archive.read(info) for info in archive.infolist()}
+        archive.writestr(_CHECKSUM, _npy_bytes(np.asarray(_digest(members))))
+    write_atomic(path, buffer.getvalue())
+
+
+def _damaged(path: str | os.PathLike[str], why: str) -> ValueError:
+    return ValueError(f"{os.fspath(path)!r} is not a readable saved TrainingState: {why}")
+
+
+def _read_members(path: str | os.PathLike[str]) -> dict[str, bytes]:
+    """Every member of the archive at `path`, after checking the checksum."""
+    data = Path(path).read_bytes()
     try:
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            infos = archive.infolist()
+            if any(info.compress_type != zipfile.ZIP_STORED for info in infos):
+                raise ValueError("compressed members")  # ours never are: no decompression bombs
+            members = {info.filename: archive.read(info) for info in infos}
+            if len(members) != len(infos):
+                raise ValueError("duplicate members")
+    except Exception as err:  # zipfile reports damage in many ways; all of them mean the same
+        raise _damaged(path, f"it is truncated, damaged or not a .npz archive ({err})") from None
+    if "meta.npy" not in members:
+        raise ValueError(f"{os.fspath(path)!r} is not a saved TrainingState (no metadata)")
+    if _CHECKSUM not in members:
+        raise _damaged(path, "it has no checksum (written by an older version?)")
+    stored = members.pop(_CHECKSUM)
+    try:
+        expected = str(read_npy(stored, shape=(), dtype=np.dtype("<U64"), what="the checksum"))
+    except ValueError as err:
+        raise _damaged(path, str(err)) from None
+    if _digest(members) != expected:
+        raise _damaged(
+            path, "its checksum does not match its contents (truncated or altered after saving)"
+        )
+    return members
 
 
-def read_training_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The JSON part of a saved state (counters, histories, fingerprint), without arrays."""
-    with np.load(path, allow_pickle=False) as archive:
-        if "meta" not in archive:
-            raise ValueError(f"{os.fspath(path)!r} is not a saved TrainingState (no metadata)")
-        meta = json.loads(str(archive["meta"]))
-    if meta.get("format") != _FORMAT:
+def _parse_meta(path: str | os.PathLike[str], members: Mapping[str, bytes]) -> dict[str, Any]:
+    try:
+        text = read_npy(members["meta.npy"], shape=(), dtype=None, what="the metadata")
+        meta = json.loads(str(text)) if text.dtype.kind == "U" else None
+    except ValueError:  # unreadable header, or not JSON
+        meta = None
+    if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
         raise ValueError(f"{os.fspath(path)!r} is not a saved TrainingState")
     if meta.get("version") != _VERSION:
         raise ValueError(
@@ -150,9 +238,21 @@ def read_training_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
     return meta
 
 
-def _fill(name: str, template: Any, archive: Any, described: list[dict[str, Any]]) -> Any:
+def read_training_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON part of a saved state (counters, histories, fingerprint), without arrays.
+
+    The whole file's checksum is verified first.
+    """
+    return _parse_meta(path, _read_members(path))
+
+
+def _fill(
+    name: str, template: Any, members: Mapping[str, bytes], described: Any, where: str
+) -> Any:
     dynamic, static = eqx.partition(template, eqx.is_array)
     leaves, treedef = jax.tree_util.tree_flatten(dynamic)
+    if not isinstance(described, list) or not all(isinstance(d, dict) for d in described):
+        raise _damaged(where, f"its metadata does not describe the {name} arrays")
     if len(leaves) != len(described):
         raise ValueError(
             f"saved {name} has {len(described)} arrays but the template has {len(leaves)}; "
@@ -160,16 +260,36 @@ def _fill(name: str, template: Any, archive: Any, described: list[dict[str, Any]
         )
     restored = []
     for i, (ref, info) in enumerate(zip(leaves, described, strict=True)):
-        if tuple(info["shape"]) != tuple(ref.shape) or info["dtype"] != str(ref.dtype):
+        if info != {"shape": list(ref.shape), "dtype": str(ref.dtype)}:
+            shape = info.get("shape")
             raise ValueError(
-                f"saved {name} array {i} has shape {tuple(info['shape'])} and dtype "
-                f"{info['dtype']}; the template expects {tuple(ref.shape)} and {ref.dtype}"
+                f"saved {name} array {i} has shape "
+                f"{tuple(shape) if isinstance(shape, list) else shape} and dtype "
+                f"{info.get('dtype')}; the template expects {tuple(ref.shape)} and {ref.dtype}"
             )
-        data = archive[f"{name}/{i}"]
-        if str(data.dtype) != info["dtype"]:  # e.g. bfloat16, which .npz keeps as raw bytes
-            data = data.view(ref.dtype)
+        if f"{name}/{i}.npy" not in members:
+            raise _damaged(where, f"the archive lacks {name} array {i}")
+        # The stored header, not only the metadata, is checked before any data is read.
+        data = read_npy(
+            members[f"{name}/{i}.npy"],
+            shape=tuple(ref.shape),
+            dtype=np.dtype(ref.dtype),
+            what=f"saved {name} array {i} in {where!r}",
+        )
         restored.append(jnp.asarray(data, dtype=ref.dtype))
     return eqx.combine(jax.tree_util.tree_unflatten(treedef, restored), static)
+
+
+def _key(meta: Mapping[str, Any], members: Mapping[str, bytes], where: str) -> Any:
+    try:
+        data = jnp.asarray(
+            read_npy(members["key.npy"], shape=None, dtype=np.dtype("uint32"), what="its key")
+        )
+        if meta.get("key_impl") is None:
+            return data
+        return jax.random.wrap_key_data(data, impl=meta["key_impl"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise _damaged(where, f"its key is unreadable ({err})") from None
 
 
 def load_training_state(
@@ -186,40 +306,27 @@ def load_training_state(
 
     **Returns:** the [`TrainingState`][hybrid_kernels.TrainingState].
 
-    **Raises:** `ValueError` when the file is not a saved state or the templates do not match.
+    **Raises:** `ValueError` when the file is not a saved state, is truncated or damaged (its
+    checksum does not match), or the templates do not match; every stored array's shape and
+    dtype is checked against the templates before its data is read.
     """
-    meta = read_training_meta(path)
-    templates = {
-        "predictors": predictors,
-        "opt_state": opt_state,
-        "best_predictors": predictors,
+    members = _read_members(path)
+    meta = _parse_meta(path, members)
+    templates = {"predictors": predictors, "opt_state": opt_state, "best_predictors": predictors}
+    described = meta.get("arrays")
+    if not isinstance(described, dict):
+        raise _damaged(path, "its metadata has no array descriptions")
+    trees = {
+        name: _fill(name, templates[name], members, described.get(name), os.fspath(path))
+        for name in _TREES
     }
-    with np.load(path, allow_pickle=False) as archive:
-        trees = {
-            name: _fill(name, templates[name], archive, meta["arrays"][name]) for name in _TREES
-        }
-        key_data = archive["key"]
-    if meta["key_impl"] is None:
-        key = jnp.asarray(key_data)
-    else:
-        key = jax.random.wrap_key_data(jnp.asarray(key_data), impl=meta["key_impl"])
-    return TrainingState(
-        predictors=trees["predictors"],
-        opt_state=trees["opt_state"],
-        step=int(meta["step"]),
-        phase=int(meta["phase"]),
-        phase_step=int(meta["phase_step"]),
-        key=key,
-        best_predictors=trees["best_predictors"],
-        best_loss=float(meta["best_loss"]),
-        best_step=int(meta["best_step"]),
-        history=[float(v) for v in meta["history"]],
-        penalties=[float(v) for v in meta["penalties"]],
-        val_history=[(int(s), float(v)) for s, v in meta["val_history"]],
-        bad_steps=[int(s) for s in meta["bad_steps"]],
-        since_best=int(meta["since_best"]),
-        bad_in_row=int(meta["bad_in_row"]),
-        tournament_done=bool(meta["tournament_done"]),
-        fingerprint=str(meta["fingerprint"]),
-        phase_starts=[int(s) for s in meta["phase_starts"]],
-    )
+    fields: dict[str, Any] = {}
+    for field in _stored_fields():
+        if field.name in meta:
+            try:
+                fields[field.name] = _DECODE.get(field.name, _identity)(meta[field.name])
+            except (TypeError, ValueError):
+                raise _damaged(path, f"its {field.name} is malformed") from None
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise _damaged(path, f"its metadata lacks {field.name}")
+    return TrainingState(**trees, key=_key(meta, members, os.fspath(path)), **fields)

@@ -1,0 +1,166 @@
+"""Atomic file writes: the one way every save in hybrid_kernels reaches the disk.
+
+`write_atomic` writes to a temporary file beside the target, under a name unique to the call
+(`.<target name>.<16 hex digits>.tmp`), flushes it to disk, renames it over the target and
+flushes the folder. The target therefore always holds either the previous file or the new
+one, complete, even when the process is killed mid-write or when several threads or processes
+save to the same target at once (the last rename wins).
+
+A killed save leaves its temporary behind. The next save to the same target deletes every
+such temporary that no running save holds: a writer keeps its temporary locked (`flock`)
+until the rename, so only the remains of dead writers can be locked and deleted. Where
+`fcntl` is missing (Windows), the operating system itself refuses to delete a file that is
+still open, which gives the same guarantee.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import threading
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["write_atomic"]
+
+# Temporaries that threads of this process are writing. POSIX locks emulating `flock` (on
+# NFS) do not exclude threads of one process, so the process also keeps its own list.
+_LIVE: set[str] = set()
+_LIVE_LOCK = threading.Lock()
+_ATTEMPTS = 16
+
+
+def _temporary_pattern(target: Path) -> re.Pattern[str]:
+    return re.compile(rf"\.{re.escape(target.name)}\.[0-9a-f]{{16}}\.tmp")
+
+
+def _lock(fd: int) -> bool:
+    """Take the exclusive lock on `fd` without waiting; False when another writer holds it."""
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def _remove_stale(target: Path) -> None:
+    """Delete the temporaries of `target` left by saves that are no longer running."""
+    pattern = _temporary_pattern(target)
+    try:
+        names = [entry.name for entry in os.scandir(target.parent)]
+    except OSError:
+        return
+    for name in names:
+        if not pattern.fullmatch(name):
+            continue
+        candidate = target.parent / name
+        with _LIVE_LOCK:
+            if str(candidate) in _LIVE:
+                continue
+        try:
+            fd = os.open(candidate, os.O_RDWR | getattr(os, "O_BINARY", 0))
+        except OSError:
+            continue  # already renamed or deleted, or not ours to open
+        try:
+            if _lock(fd):
+                candidate.unlink()
+        except OSError:
+            pass  # Windows: still open in a running save
+        finally:
+            os.close(fd)
+
+
+def _create_temporary(target: Path) -> tuple[int, Path]:
+    """Create and lock a new temporary for `target`; returns its descriptor and path."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(_ATTEMPTS):
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
+        with _LIVE_LOCK:
+            try:
+                fd = os.open(tmp, flags, 0o666)
+            except FileExistsError:
+                continue
+            except OSError as err:
+                raise OSError(
+                    err.errno, f"cannot save to {str(target)!r}: {err.strerror}"
+                ) from None
+            _LIVE.add(str(tmp))
+        # Another process's cleanup may have deleted the file between its creation and the
+        # lock; then the name no longer points at our descriptor, and we start again.
+        if _lock(fd) and _same_file(fd, tmp):
+            return fd, tmp
+        os.close(fd)
+        _forget(tmp)
+    raise OSError(f"cannot save to {str(target)!r}: no free temporary name after {_ATTEMPTS} tries")
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except OSError:
+        return False
+
+
+def _forget(tmp: Path) -> None:
+    with _LIVE_LOCK:
+        _LIVE.discard(str(tmp))
+
+
+def _fsync_folder(folder: Path) -> None:
+    # Makes the rename itself durable; not every platform can open a folder.
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Replace the file at `path` by `data`, atomically and durably.
+
+    **Arguments:**
+
+    - `path`: the target file; its folder must exist. An existing file is replaced.
+    - `data`: the complete new contents.
+
+    **Returns:** the target path.
+
+    Raises `ValueError` naming `path` when its folder does not exist. Stale temporaries of
+    the same target (from killed saves) are deleted first; see the module docstring.
+    """
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise ValueError(
+            f"cannot save to {str(target)!r}: its folder {str(target.parent)!r} does not exist"
+        )
+    _remove_stale(target)
+    fd, tmp = _create_temporary(target)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            if fcntl is not None:
+                # Renamed while still open and locked, so no cleanup can take it for stale.
+                os.replace(tmp, target)
+        if fcntl is None:
+            os.replace(tmp, target)  # Windows cannot rename a file that is still open
+        _fsync_folder(target.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        _forget(tmp)
+    return target
