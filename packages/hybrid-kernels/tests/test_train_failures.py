@@ -4,6 +4,7 @@ which every experiment fails is skipped, never recorded as a perfect loss or kep
 import io
 import math
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -162,3 +163,34 @@ def test_failed_ids_survive_a_save_and_load(tmp_path):
     loaded = load_training_state(path, predictors=predictors, opt_state=opt_state)
     assert loaded.failed == {1: ("exploding", "e2")}
     np.testing.assert_array_equal(loaded.history, [1.0, 2.0])
+
+
+# --- throw=True: the error names the experiment ---------------------------------------------
+
+THROWING = tiny_solver(throw=True, max_steps=64)
+
+
+def test_a_throwing_bucket_step_names_the_failed_row(one_exploding):
+    step = hk.build_bucket_step(decay_simulate, identity_output, THROWING, hk.masked_mse, True)
+    with pytest.raises(eqx.EquinoxRuntimeError, match=r"row\(s\) \[1\] of bucket N=3, T=6") as info:
+        step((Rate(jnp.asarray(0.5)),), one_exploding.bucket_payloads[0], 1.0)
+    assert "maximum number of solver steps" in str(info.value)
+    assert info.value.rows == (1,)
+
+
+def test_a_throwing_training_run_names_the_failed_experiment(one_exploding):
+    with pytest.raises(
+        eqx.EquinoxRuntimeError,
+        match=r"train_with_optax: the solve failed for experiment\(s\) "
+        r"\['exploding'\]",
+    ) as info:
+        hk.train_with_optax(
+            (Rate(jnp.asarray(0.5)),),
+            one_exploding,
+            hk.OptaxTrainingConfig(steps=(1,), lr=(0.01,), verbose=False),
+            simulate_fn=decay_simulate,
+            state_to_output=identity_output,
+            solver=THROWING,
+            key=jax.random.key(0),
+        )
+    assert info.value.exp_ids == ("exploding",)

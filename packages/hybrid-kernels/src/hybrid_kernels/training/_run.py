@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hybrid_kernels._dtypes import default_float
+from hybrid_kernels._errors import RowSolveError
 from hybrid_kernels.data import failed_exp_ids
 from hybrid_kernels.penalties import select_penalty_points
 from hybrid_kernels.reductions import bucket_weights
@@ -33,6 +34,23 @@ from hybrid_kernels.training.ui import TrainingUI
 def _read_back(tree: Any) -> Any:
     """The trainer's only device-to-host reads go through here (tests count them)."""
     return jax.device_get(tree)
+
+
+def name_failed_experiments(error: RowSolveError, datasets: Any, where: str) -> RowSolveError:
+    """`error` with its failed bucket rows named by `exp_id`, when one of `datasets` holds them."""
+    for dataset in datasets:
+        if dataset is None:
+            continue
+        for b, bp in enumerate(dataset.bucket_payloads):
+            if bp is error.bucket:
+                ids = tuple(dataset.exp_ids[b][r] for r in error.rows)
+                return RowSolveError(
+                    f"{where}: the solve failed for experiment(s) {list(ids)}: {error}",
+                    bucket=error.bucket,
+                    rows=error.rows,
+                    exp_ids=ids,
+                )
+    return error
 
 
 class Run:
