@@ -99,9 +99,13 @@ def scatter(exp: Any, names: tuple[str, ...], dtype: np.dtype):
     """One experiment onto its union axis: (ts [T], y [T, D], var [T, D], mask [T, D])."""
     chans = [exp.channels[n] for n in names]
     # Times are matched after rounding to the least precise float dtype present, so one decimal
-    # time given in float32 in one channel and float64 in another is one row, not two.
-    key_dtype = min((c.ts.dtype for c in chans), key=lambda d: np.dtype(d).itemsize)
-    keys = [c.ts.astype(key_dtype) for c in chans]
+    # time given in float32 in one channel and float64 in another is one row, not two. Where
+    # that rounding would merge two distinct times of one channel (and so overwrite one of its
+    # observations), times are matched exactly instead, in the widest dtype present.
+    dtypes = sorted({np.dtype(c.ts.dtype) for c in chans}, key=lambda d: d.itemsize)
+    keys = [c.ts.astype(dtypes[0]) for c in chans]
+    if any(np.unique(k).size != k.size for k in keys):
+        keys = [c.ts.astype(dtypes[-1]) for c in chans]
     union = np.unique(np.concatenate(keys))
     if union.size == 0:
         raise ValueError(

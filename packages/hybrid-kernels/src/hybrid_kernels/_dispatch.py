@@ -7,18 +7,22 @@ of tuples. The compiled bodies live in `hybrid_kernels.kernels`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 from jaxtyping import Array
 
 from hybrid_kernels import _preflight as pf
 from hybrid_kernels._dtypes import default_float
+from hybrid_kernels._errors import RowSolveError, solver_reason
 from hybrid_kernels.data import BucketPayload
 from hybrid_kernels.solver import SolverConfig
 
@@ -112,7 +116,7 @@ def _explain_backsolve(error: Exception, solver: SolverConfig) -> None:
 class _BucketKernel:
     """Host wrapper around one jitted bucket function: coercion, first-use checks, dispatch."""
 
-    def __init__(self, jitted, objective, trainable, tp_weight, return_status, where):
+    def __init__(self, jitted, objective, trainable, tp_weight, return_status, where, diagnose):
         # The jitted function is module-level and takes the objective (and mask) as static
         # arguments: kernels built from equal arguments share one compile cache, so rebuilding
         # a kernel (a new run, an ensemble member, an optimiser reset) never recompiles.
@@ -124,6 +128,8 @@ class _BucketKernel:
         self._tp_weight = tp_weight
         self._return_status = return_status
         self._where = where
+        # The forward-only jitted body, rerun with throw=False to find failed rows on error.
+        self._diagnose = diagnose
         self._seen: set = set()
 
     def __call__(self, predictors, bp, length_mask_fraction, trajectory_penalty_weight=None):
@@ -147,8 +153,13 @@ class _BucketKernel:
                 pf.check_trainable(self._trainable, predictors)
             pf.check_dtypes(predictors, bp, self._where)
             self._seen.add(key)
+        fraction, weight = _scalar(length_mask_fraction), _scalar(weight)
         try:
-            out = self._jitted(predictors, bp, _scalar(length_mask_fraction), _scalar(weight))
+            out = self._jitted(predictors, bp, fraction, weight)
+        except eqx.EquinoxRuntimeError as e:
+            if self._objective.solver.throw and not isinstance(e, RowSolveError):
+                self._name_failed_rows(e, predictors, bp, fraction, weight)
+            raise
         except Exception as e:
             _explain_backsolve(e, self._objective.solver)
             raise
@@ -156,6 +167,33 @@ class _BucketKernel:
             return out
         value = out[:-1]  # drop the failure flags
         return value[0] if len(value) == 1 else value
+
+    def _name_failed_rows(self, error, predictors, bp, fraction, weight) -> None:
+        """Raise `RowSolveError` naming the rows whose solve fails (the error path only).
+
+        Under `vmap` a throwing solve fails the whole bucket without saying which row failed,
+        so the bucket is solved again forward-only with `throw=False`, whose per-row flags say.
+        That compiles one more kernel, but only once an error has already stopped the call.
+        """
+        solver = dataclasses.replace(self._objective.solver, throw=False)
+        objective = dataclasses.replace(self._objective, solver=solver)
+        try:
+            _, failed = self._diagnose(objective, predictors, bp, fraction, weight)
+        except Exception:  # the diagnosis must never hide the original error
+            return
+        rows = tuple(int(r) for r in np.flatnonzero(np.asarray(failed)))
+        if bp.row_weights is not None:
+            real = np.asarray(bp.row_weights) > 0
+            rows = tuple(r for r in rows if real[r])
+        if not rows:
+            return
+        raise RowSolveError(
+            f"{self._where}: the solve failed for row(s) {list(rows)} of {pf.bucket_name(bp)}: "
+            f"{solver_reason(error)} (the experiment ids of a bucket's rows are "
+            "`dataset.exp_ids[b]`; SolverConfig(throw=False) masks failed rows instead)",
+            bucket=bp,
+            rows=rows,
+        ) from error
 
     def lower(self, predictors, bp, length_mask_fraction, trajectory_penalty_weight=None):
         """AOT-lower for one bucket shape (e.g. `.lower(...).compile()` to warm up)."""

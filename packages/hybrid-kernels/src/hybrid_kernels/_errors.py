@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
+
+import equinox as eqx
 
 try:  # equinox internals; guarded so a refactor degrades to "callbacks remain", never breaks
     from equinox import _errors as _eqx_errors
@@ -48,3 +51,29 @@ def no_host_callbacks(enabled: bool = True) -> Iterator[None]:
 def host_callbacks_patchable() -> bool:
     """Whether this equinox version lets kernels drop their host callbacks per trace."""
     return _eqx_errors is not None
+
+
+class RowSolveError(eqx.EquinoxRuntimeError):
+    """A `throw=True` kernel call failed; `rows` are the bucket rows whose solve failed.
+
+    It stays an `EquinoxRuntimeError`, so code that catches solver failures still does.
+    `bucket` is the payload the kernel was called on: a caller holding the dataset maps
+    `rows` to experiment ids through `dataset.exp_ids[b]` of that bucket.
+    """
+
+    def __init__(
+        self, message: str, *, bucket: Any, rows: tuple[int, ...], exp_ids: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(message)
+        self.bucket = bucket
+        self.rows = rows
+        self.exp_ids = exp_ids
+
+
+def solver_reason(error: BaseException) -> str:
+    """The one-line reason equinox gives (e.g. "The maximum number of solver steps ...")."""
+    prefix = "EquinoxRuntimeError: "
+    for line in str(error).splitlines():
+        if prefix in line:
+            return line.split(prefix, 1)[1].strip()
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

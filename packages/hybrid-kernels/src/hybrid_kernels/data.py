@@ -129,30 +129,69 @@ def make_experiment(
         (it may include unobserved components such as penalty accumulators).
     - `exp_id`: a host-side name for error messages, failure reports and predictions.
 
-    **Returns:** the experiment. Raises `ValueError` naming `exp_id` on a rank>1 covariate or a
-    `y0` that is not rank-1.
+    **Returns:** the experiment. Raises `ValueError` naming `exp_id` on a rank>1 or non-finite
+    covariate, or a `y0` that is not rank-1 and finite; `TypeError` on a non-str `exp_id`, a
+    non-numeric covariate or `y0`, or a channel that is not a `ChannelObs`.
     """
+    if not isinstance(exp_id, str):
+        raise TypeError(f"make_experiment: `exp_id` must be a str, got {exp_id!r}.")
+    for arg, value in (("covariates", covariates), ("channels", channels)):
+        if not isinstance(value, Mapping):
+            raise TypeError(
+                f"make_experiment({exp_id!r}): `{arg}` must be a mapping of name to value, "
+                f"got {type(value).__name__}."
+            )
     covs: dict[str, np.ndarray] = {}
     for name in sorted(covariates):
-        value = np.asarray(covariates[name])
+        if not isinstance(name, str):
+            raise TypeError(
+                f"make_experiment({exp_id!r}): covariate names must be str, got {name!r}."
+            )
+        value = _as_array(covariates[name], f"make_experiment({exp_id!r}): covariate {name!r}")
+        if value.dtype.kind not in "biuf":
+            raise TypeError(
+                f"make_experiment({exp_id!r}): covariate {name!r} must be numeric, "
+                f"got dtype {value.dtype}."
+            )
         if value.ndim > 1:
             raise ValueError(
                 f"make_experiment({exp_id!r}): covariate {name!r} must be rank 0 or 1, "
                 f"got shape {value.shape}."
             )
+        if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
+            raise ValueError(
+                f"make_experiment({exp_id!r}): covariate {name!r} must be finite, got {value}."
+            )
         covs[name] = value
     for name, ch in channels.items():
+        if not isinstance(name, str):
+            raise TypeError(
+                f"make_experiment({exp_id!r}): channel names must be str, got {name!r}."
+            )
         if not isinstance(ch, ChannelObs):
             raise TypeError(
                 f"make_experiment({exp_id!r}): channel {name!r} must be a ChannelObs, "
                 f"got {type(ch).__name__}."
             )
-    y0 = np.asarray(y0_fn({k: jnp.asarray(v) for k, v in covs.items()}, channels))
+    if not callable(y0_fn):
+        raise TypeError(
+            f"make_experiment({exp_id!r}): `y0_fn` must be callable, got {type(y0_fn).__name__}."
+        )
+    y0 = _as_array(
+        y0_fn({k: jnp.asarray(v) for k, v in covs.items()}, channels),
+        f"make_experiment({exp_id!r}): `y0_fn`'s return value",
+    )
+    if y0.dtype.kind not in "iuf":
+        raise TypeError(
+            f"make_experiment({exp_id!r}): y0_fn must return a numeric state, got dtype {y0.dtype}."
+        )
     if y0.ndim != 1:
         raise ValueError(
             f"make_experiment({exp_id!r}): y0_fn must return a rank-1 state [S], "
             f"got shape {y0.shape}."
         )
+    if not np.all(np.isfinite(y0)):
+        raise ValueError(f"make_experiment({exp_id!r}): `y0` must be finite, got {y0}.")
     return Experiment(covariates=covs, y0=y0, channels=dict(channels), exp_id=exp_id)
 
 
@@ -247,8 +286,23 @@ def make_dataset(
     """
     from hybrid_kernels.sharding import place_bucket, resolve_mesh
 
+    if isinstance(experiments, Experiment) or not isinstance(experiments, Sequence):
+        raise TypeError(
+            "make_dataset: `experiments` must be a sequence of Experiment objects, "
+            f"got {type(experiments).__name__}."
+        )
     experiments = tuple(experiments)
+    if isinstance(output_channel_names, str) or not isinstance(output_channel_names, Sequence):
+        raise TypeError(
+            "make_dataset: `output_channel_names` must be a sequence of channel names (str), "
+            f"got {output_channel_names!r}."
+        )
     names = tuple(output_channel_names)
+    bad_names = [n for n in names if not isinstance(n, str)]
+    if bad_names:
+        raise TypeError(
+            f"make_dataset: `output_channel_names` must hold str names, got {bad_names[0]!r}."
+        )
     if bucket_policy not in BUCKET_POLICIES:
         raise ValueError(
             f"make_dataset: `bucket_policy` must be one of {sorted(BUCKET_POLICIES)}, "
@@ -266,6 +320,8 @@ def make_dataset(
                 f"got {type(exp).__name__}."
             )
     validate_experiments(experiments, names)
+    for exp in experiments:
+        _check_fits_dtype(exp, names, np_dtype)
     mesh = resolve_mesh(mesh)
     n_devices = 1 if mesh is None else mesh.devices.size
 
@@ -299,10 +355,46 @@ def make_dataset(
     )
 
 
+def _check_fits_dtype(exp: Experiment, names: tuple[str, ...], dtype: np.dtype) -> None:
+    """Refuse values that the storage `dtype` would turn into inf, or variances into 0."""
+    info = np.finfo(dtype)
+
+    def check(x: np.ndarray, field: str, positive: bool = False) -> None:
+        if x.dtype.kind != "f" or x.size == 0:
+            return
+        big = np.abs(x) > info.max
+        with np.errstate(over="ignore", under="ignore"):
+            tiny = (x.astype(dtype) == 0) & (x != 0) if positive else np.zeros_like(big)
+        if np.any(big) or np.any(tiny):
+            bad = x[big | tiny].flat[0]
+            becomes = "inf" if np.any(big) else "0"
+            raise ValueError(
+                f"make_dataset: experiment {exp.exp_id!r} {field} holds {bad!r}, which becomes "
+                f"{becomes} in {np.dtype(dtype).name}; rescale it or pass dtype='float64'."
+            )
+
+    for name in names:
+        ch = exp.channels[name]
+        check(ch.ts, f"channel {name!r} `ts`")
+        check(ch.values, f"channel {name!r} `values`")
+        check(ch.variance, f"channel {name!r} `variance`", positive=True)
+    for name, value in exp.covariates.items():
+        check(value, f"covariate {name!r}")
+    check(exp.y0, "`y0`")
+
+
+def _as_array(x: Any, what: str) -> np.ndarray:
+    """`np.asarray(x)`, with numpy's ragged-sequence error re-raised naming `what`."""
+    try:
+        return np.asarray(x)
+    except (ValueError, TypeError) as e:
+        raise TypeError(f"{what} must be a numeric array, not a ragged sequence ({e}).") from e
+
+
 def _as_float_array(x: Any, name: str) -> np.ndarray:
-    arr = np.asarray(x)
+    arr = _as_array(x, f"ChannelObs: `{name}`")
     if arr.dtype.kind not in "fiu":
-        raise ValueError(f"ChannelObs: `{name}` must be numeric, got dtype {arr.dtype}.")
+        raise TypeError(f"ChannelObs: `{name}` must be numeric, got dtype {arr.dtype}.")
     return arr if arr.dtype.kind == "f" else arr.astype(np.float64)
 
 

@@ -291,6 +291,7 @@ def build_bucket_step(
         trajectory_penalty_weight,
         return_status,
         "bucket_step",
+        _score_bucket,
     )
 
 
@@ -316,7 +317,13 @@ def build_score_bucket(
     objective = _Objective(simulate_fn, state_to_output, solver, loss_fn, trajectory_penalty_fn)
 
     return _BucketKernel(  # type: ignore[return-value]
-        _score_bucket, objective, None, trajectory_penalty_weight, return_status, "score_bucket"
+        _score_bucket,
+        objective,
+        None,
+        trajectory_penalty_weight,
+        return_status,
+        "score_bucket",
+        _score_bucket,
     )
 
 

@@ -69,12 +69,33 @@ def _all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
 
 
+def _any_solved(failed: tuple[jax.Array, ...], row_weights: tuple[Any, ...]) -> jax.Array:
+    """Whether at least one real (non-padding) row of any bucket solved."""
+    ok = [
+        (~f if w is None else ~f & (w > 0)).any() for f, w in zip(failed, row_weights, strict=True)
+    ]
+    return jnp.any(jnp.stack(ok))
+
+
 def _make_tail(apply_update: Callable[..., tuple[Any, Any]]) -> Callable[..., Any]:
     @eqx.filter_jit
     def tail(
-        predictors, opt_state, track, losses, grads, weights, penalty, pen_grads, best_on_loss
+        predictors,
+        opt_state,
+        track,
+        losses,
+        grads,
+        failed,
+        row_weights,
+        weights,
+        penalty,
+        pen_grads,
+        best_on_loss,
     ):
         loss, combined = combine_bucket_grads(losses, grads, weights)
+        # Under throw=False a step whose every experiment failed has loss and gradient 0: it
+        # measured nothing, so it is a non-finite step (skipped, never the best), not a perfect one.
+        loss = jnp.where(_any_solved(failed, row_weights), loss, jnp.nan)
         if pen_grads is not None:
             combined = jax.tree_util.tree_map(jnp.add, combined, pen_grads)
         else:
@@ -96,8 +117,8 @@ def _make_tail(apply_update: Callable[..., tuple[Any, Any]]) -> Callable[..., An
         track = track._replace(step=track.step + 1)
         # Everything the host may need about this step, in one array: one transfer per read.
         dtype = jnp.result_type(loss, penalty)
-        report = jnp.stack([loss, penalty, finite, track.since_best], dtype=dtype)
-        return new_predictors, new_state, track, report
+        stats = jnp.stack([loss, penalty, finite, track.since_best], dtype=dtype)
+        return new_predictors, new_state, track, (stats, jnp.concatenate(failed))
 
     return tail
 
@@ -164,10 +185,17 @@ class Engine:
         def model_kernels() -> tuple[Any, Any]:
             loss_fn = resolve_loss_fn(config.loss, config.channel_idx, config.channel_weights)
             bucket_step = build_bucket_step(
-                simulate_fn, state_to_output, solver, loss_fn, trainable, tp_fn, tp_weight
+                simulate_fn,
+                state_to_output,
+                solver,
+                loss_fn,
+                trainable,
+                tp_fn,
+                tp_weight,
+                return_status=True,
             )
             score_bucket = build_score_bucket(
-                simulate_fn, state_to_output, solver, loss_fn, tp_fn, tp_weight
+                simulate_fn, state_to_output, solver, loss_fn, tp_fn, tp_weight, return_status=True
             )
             return bucket_step, score_bucket
 
@@ -230,14 +258,16 @@ class Engine:
     ) -> tuple[Any, Any, Track, jax.Array]:
         """Dispatch one training step; everything returned stays on the device.
 
-        Returns the new predictors, optimiser state and tracker, and a report
-        `[loss, penalty, finite, steps since the best]` for the host to read when it needs to.
+        Returns the new predictors, optimiser state and tracker, and a report for the host to
+        read when it needs to: `([loss, penalty, finite, steps since the best], failed)`, where
+        `failed` holds every bucket's per-row failure flags, concatenated in bucket order.
         """
-        losses, grads = [], []
+        losses, grads, failed = [], [], []
         for bp in payloads:
-            loss, g = self.bucket_step(predictors, bp, fraction)
+            loss, g, f = self.bucket_step(predictors, bp, fraction)
             losses.append(loss)
             grads.append(g)
+            failed.append(f)
         if penalty_weight > 0:
             penalty, pen_grads = self.penalty_step(predictors, penalty_weight, points)
         else:  # a zero weight is exactly "off": no penalty kernel runs at all
@@ -248,6 +278,8 @@ class Engine:
             track,
             tuple(losses),
             tuple(grads),
+            tuple(failed),
+            tuple(bp.row_weights for bp in payloads),
             weights,
             penalty,
             pen_grads,
@@ -255,15 +287,21 @@ class Engine:
         )
 
     def score(self, predictors: Any, payloads: tuple[Any, ...], weights: jax.Array) -> jax.Array:
-        """The forward-only objective over `payloads` at the full horizon (on the device)."""
+        """The forward-only objective over `payloads` at the full horizon (on the device).
+
+        NaN when every experiment's solve failed (`throw=False`): such a score measured nothing.
+        """
         one = jnp.ones((), weights.dtype)
-        losses = [self.score_bucket(predictors, bp, one) for bp in payloads]
-        return _weighted_sum(tuple(losses), weights)
+        scored = [self.score_bucket(predictors, bp, one) for bp in payloads]
+        losses, failed = tuple(s[0] for s in scored), tuple(s[1] for s in scored)
+        row_weights = tuple(bp.row_weights for bp in payloads)
+        return _weighted_sum(losses, failed, row_weights, weights)
 
 
 @eqx.filter_jit
-def _weighted_sum(losses: tuple[jax.Array, ...], weights: jax.Array) -> jax.Array:
-    return sum(weights[b].astype(loss.dtype) * loss for b, loss in enumerate(losses))
+def _weighted_sum(losses, failed, row_weights, weights) -> jax.Array:
+    total = sum(weights[b].astype(loss.dtype) * loss for b, loss in enumerate(losses))
+    return jnp.where(_any_solved(failed, row_weights), total, jnp.nan)
 
 
 def get_engine(

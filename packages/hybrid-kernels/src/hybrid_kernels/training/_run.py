@@ -15,8 +15,11 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hybrid_kernels._dtypes import default_float
+from hybrid_kernels._errors import RowSolveError
+from hybrid_kernels.data import failed_exp_ids
 from hybrid_kernels.penalties import select_penalty_points
 from hybrid_kernels.reductions import bucket_weights
 from hybrid_kernels.training._engine import Engine, Track, strong
@@ -31,6 +34,23 @@ from hybrid_kernels.training.ui import TrainingUI
 def _read_back(tree: Any) -> Any:
     """The trainer's only device-to-host reads go through here (tests count them)."""
     return jax.device_get(tree)
+
+
+def name_failed_experiments(error: RowSolveError, datasets: Any, where: str) -> RowSolveError:
+    """`error` with its failed bucket rows named by `exp_id`, when one of `datasets` holds them."""
+    for dataset in datasets:
+        if dataset is None:
+            continue
+        for b, bp in enumerate(dataset.bucket_payloads):
+            if bp is error.bucket:
+                ids = tuple(dataset.exp_ids[b][r] for r in error.rows)
+                return RowSolveError(
+                    f"{where}: the solve failed for experiment(s) {list(ids)}: {error}",
+                    bucket=error.bucket,
+                    rows=error.rows,
+                    exp_ids=ids,
+                )
+    return error
 
 
 class Run:
@@ -53,6 +73,8 @@ class Run:
     ) -> None:
         self.engine, self.config, self.dataset = engine, config, dataset
         self.payloads = tuple(dataset.bucket_payloads)
+        # Where each bucket's rows end in a step report's concatenated failure flags.
+        self.row_splits = np.cumsum([bp.ts.shape[0] for bp in self.payloads])[:-1]
         self.val_payloads = () if val_dataset is None else tuple(val_dataset.bucket_payloads)
         self.val_weights = None
         if val_dataset is not None:
@@ -97,6 +119,7 @@ class Run:
         self.history.val.extend(st.val_history)
         self.history.bad_steps.extend(st.bad_steps)
         self.history.phase_starts.extend(st.phase_starts)
+        self.history.failed.update(st.failed)
         self.bad_run = st.bad_in_row
         self.predictors, self.opt_state = st.predictors, st.opt_state
         self.done, self.p, self.k = st.step, st.phase, st.phase_step
@@ -233,11 +256,13 @@ class Run:
             return False
         reports = _read_back([report for *_, report in self.pending])
         pending, self.pending = self.pending, []
-        for (step, phase, _), (loss, pen, ok, _) in zip(pending, reports, strict=True):
-            loss, pen = float(loss), float(pen)
+        for (step, phase, _), (stats, flags) in zip(pending, reports, strict=True):
+            loss, pen, ok = float(stats[0]), float(stats[1]), stats[2]
             self.history.append(loss)
             self.history.penalties.append(pen)
             self.ui.on_step_end(step=step, phase_idx=phase, loss=loss, penalty=pen)
+            if flags.any():
+                self.report_failures(step, phase, flags)
             if bool(ok):
                 self.bad_run = 0
                 continue
@@ -246,16 +271,24 @@ class Run:
             self.ui.on_bad_step(step=step, phase_idx=phase, loss=loss)
             if self.bad_run >= self.config.max_bad_steps:
                 self._diverged(phase, step)
-        since_best = int(reports[-1][3])
+        since_best = int(reports[-1][0][3])
         patience = self.config.patience
         return self.best_on_loss and patience > 0 and since_best >= patience
+
+    def report_failures(self, step: int, phase: int, flags: Any) -> None:
+        """Name the experiments whose solve failed at `step`, in the history and the UI."""
+        ids = failed_exp_ids(self.dataset, np.split(flags, self.row_splits))
+        if ids:
+            self.history.failed[step] = ids
+            self.ui.on_failed_experiments(step=step, phase_idx=phase, exp_ids=ids)
 
     def _diverged(self, phase: int, step: int) -> None:
         best = self.track.best_predictors if self.best_on_loss else self.val_best
         self.end(float("nan"))
         raise NonFiniteTrainingError(
             f"training stopped in phase {phase} at step {step}: {self.bad_run} steps in a row "
-            f"had a non-finite loss or gradient (max_bad_steps={self.config.max_bad_steps}). "
+            "had a non-finite loss or gradient, or no experiment that solved "
+            f"(max_bad_steps={self.config.max_bad_steps}). "
             "They were not applied; the last good and the best parameters are on this error "
             "(.predictors, .best_predictors)",
             phase=phase,
@@ -317,6 +350,7 @@ class Run:
             tournament_done=True,
             fingerprint=self.fingerprint,
             phase_starts=list(self.history.phase_starts),
+            failed=dict(self.history.failed),
         )
 
     # -- compiling -----------------------------------------------------------------------

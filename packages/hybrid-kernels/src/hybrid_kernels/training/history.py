@@ -12,7 +12,9 @@ class LossHistory(list):
 
     The list holds the raw data loss of every step (plus any trajectory penalty), as the
     optimiser saw it: it can go up, and it excludes the once-per-step regulariser. A skipped
-    non-finite step keeps its non-finite value here and its index in `bad_steps`.
+    non-finite step keeps its non-finite value here and its index in `bad_steps`. Under
+    `SolverConfig(throw=False)`, a step in which every experiment's solve failed measured
+    nothing: its loss is recorded as NaN and it is skipped like any non-finite step.
 
     **Attributes:**
 
@@ -20,6 +22,10 @@ class LossHistory(list):
     - `val`: `(step, score)` pairs: the validation score after `step` steps.
     - `bad_steps`: indices of the steps that were not applied.
     - `phase_starts`: the step index at which each phase began.
+    - `failed`: step → the `exp_id`s whose solve failed at that step's pre-update parameters
+        and were masked out of its loss (`SolverConfig(throw=False)`); steps without a failure
+        are absent. `failed.get(best_step, ())` names the experiments the best snapshot does
+        not solve.
     - `best_step`: the step whose pre-update parameters are the best snapshot (-1: none).
     - `best_loss`: the loss (or validation score) of that snapshot.
     """
@@ -30,6 +36,7 @@ class LossHistory(list):
         self.val: list[tuple[int, float]] = []
         self.bad_steps: list[int] = []
         self.phase_starts: list[int] = []
+        self.failed: dict[int, tuple[str, ...]] = {}
         self.best_step: int = -1
         self.best_loss: float = float("inf")
 

@@ -57,8 +57,14 @@ def _identity(value: Any) -> Any:
     return value
 
 
+def _failed(value: Any) -> dict[int, tuple[str, ...]]:
+    # JSON turns the int step keys into strings and the id tuples into lists.
+    return {int(step): tuple(str(i) for i in ids) for step, ids in value.items()}
+
+
 # How each stored field comes back from JSON; a field not listed comes back as JSON gave it.
 _DECODE: dict[str, Callable[[Any], Any]] = {
+    "failed": _failed,
     "step": int,
     "phase": int,
     "phase_step": int,
@@ -95,6 +101,7 @@ class TrainingState:
     - `tournament_done`: whether the tournament already ran (it does not run again on resume).
     - `fingerprint`: the settings of the run that saved this state; a resume must match.
     - `phase_starts`: the step index at which each phase so far began.
+    - `failed`: step → the `exp_id`s whose solve failed at that step (`throw=False`).
     """
 
     predictors: Any
@@ -115,6 +122,7 @@ class TrainingState:
     tournament_done: bool = False
     fingerprint: str = ""
     phase_starts: list[int] = dataclasses.field(default_factory=list)
+    failed: dict[int, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 def _array_leaves(tree: Any) -> list[Any]:

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_kernels._dtypes import default_float
+from hybrid_kernels._errors import RowSolveError
 from hybrid_kernels.penalties import (
     data_penalty_points,
     validate_penalty_points,
@@ -28,7 +29,7 @@ from hybrid_kernels.penalties import (
 from hybrid_kernels.reductions import bucket_weights
 from hybrid_kernels.trainable import trainable_mask
 from hybrid_kernels.training._engine import get_engine, strong
-from hybrid_kernels.training._run import Run
+from hybrid_kernels.training._run import Run, name_failed_experiments
 from hybrid_kernels.training.config import OptaxTrainingConfig
 from hybrid_kernels.training.history import LossHistory
 from hybrid_kernels.training.hooks import resolve_hook
@@ -186,9 +187,13 @@ def run_training(
         final, final_loss = run.finish()
         run.end(final_loss)
         return RunResult(run.history, final, final_loss)
-    except BaseException:
+    except BaseException as error:
         if not run.ended:  # close a live display on any error (Ctrl-C included)
             run.end(float("nan"))
+        if isinstance(error, RowSolveError):  # a throw=True solve: say which experiment failed
+            named = name_failed_experiments(error, (dataset, val_dataset), where)
+            if named is not error:
+                raise named from error
         raise
 
 

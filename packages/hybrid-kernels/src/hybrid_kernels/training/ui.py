@@ -22,6 +22,7 @@ _EVENTS = (
     "on_phase_start",
     "on_step_end",
     "on_bad_step",
+    "on_failed_experiments",
     "on_validation",
     "on_phase_end",
     "on_message",
@@ -34,8 +35,9 @@ class TrainingUI:
 
     Events arrive in this order: `on_run_start`, the compile bracket (`on_compile_start`,
     one `on_compile_progress` per compiled kernel shape, `on_compile_done`), then for each
-    phase `on_phase_start`, one `on_step_end` per step (plus `on_bad_step` for a skipped
-    step and `on_validation` for each validation), `on_phase_end`; finally `on_run_end`.
+    phase `on_phase_start`, one `on_step_end` per step (plus `on_failed_experiments` for a
+    step in which some experiments' solves failed, `on_bad_step` for a skipped step and
+    `on_validation` for each validation), `on_phase_end`; finally `on_run_end`.
     `on_message` may come at any time. With `log_every=k`, step events arrive in blocks of
     `k`, but there is still exactly one per step.
     """
@@ -64,6 +66,12 @@ class TrainingUI:
 
     def on_bad_step(self, *, step: int, phase_idx: int, loss: float) -> None:
         """Step `step` had a non-finite loss or gradient and was not applied."""
+
+    def on_failed_experiments(self, *, step: int, phase_idx: int, exp_ids: tuple[str, ...]) -> None:
+        """At step `step`, the solves of `exp_ids` failed and were masked out of the loss.
+
+        Only under `SolverConfig(throw=False)`, and only for steps with at least one failure.
+        """
 
     def on_validation(self, *, step: int, loss: float) -> None:
         """The validation score of the parameters after `step` steps is `loss`."""
@@ -141,6 +149,28 @@ class _Clock:
         return (self.total - self.done) / rate if rate > 0 else None
 
 
+class _Failures:
+    """Names failed experiments when the failing set changes, not on every step it persists."""
+
+    _SHOWN = 10
+
+    def __init__(self) -> None:
+        self.last: tuple[str, ...] = ()
+        self.last_step = -2
+
+    def describe(self, step: int, exp_ids: tuple[str, ...]) -> str | None:
+        same = exp_ids == self.last and step == self.last_step + 1
+        self.last, self.last_step = exp_ids, step
+        if same:
+            return None
+        names = ", ".join(repr(i) for i in exp_ids[: self._SHOWN])
+        more = f" and {len(exp_ids) - self._SHOWN} more" if len(exp_ids) > self._SHOWN else ""
+        return (
+            f"step {step + 1}: {len(exp_ids)} experiment(s) failed to solve and were masked "
+            f"out: {names}{more}"
+        )
+
+
 def _format_eta(seconds: float | None) -> str:
     if seconds is None:
         return "--:--"
@@ -164,6 +194,7 @@ class LogUI(TrainingUI):
         self.stream = stream
         self._clock = _Clock()
         self._phase_end = 0
+        self._failures = _Failures()
 
     def _write(self, text: str) -> None:
         stream = sys.stdout if self.stream is None else self.stream
@@ -203,6 +234,11 @@ class LogUI(TrainingUI):
     def on_bad_step(self, *, step: int, phase_idx: int, loss: float) -> None:
         self._write(f"phase {phase_idx} step {step + 1}: non-finite loss {loss}; step skipped")
 
+    def on_failed_experiments(self, *, step: int, phase_idx: int, exp_ids: tuple[str, ...]) -> None:
+        text = self._failures.describe(step, exp_ids)
+        if text:
+            self._write(f"phase {phase_idx} {text}")
+
     def on_validation(self, *, step: int, loss: float) -> None:
         self._write(f"validation after {step} steps: {loss:.6g}")
 
@@ -230,6 +266,7 @@ class RichUI(TrainingUI):
         self._step_task: Any = None
         self._clock = _Clock()
         self._num_phases = 0
+        self._failures = _Failures()
 
     def on_run_start(self, *, total_steps: int, num_phases: int) -> None:
         from rich.console import Console
@@ -292,6 +329,11 @@ class RichUI(TrainingUI):
 
     def on_bad_step(self, *, step: int, phase_idx: int, loss: float) -> None:
         self.on_message(text=f"step {step + 1}: non-finite loss {loss}; step skipped")
+
+    def on_failed_experiments(self, *, step: int, phase_idx: int, exp_ids: tuple[str, ...]) -> None:
+        text = self._failures.describe(step, exp_ids)
+        if text:
+            self.on_message(text=text)
 
     def on_validation(self, *, step: int, loss: float) -> None:
         self.on_message(text=f"validation after {step} steps: {loss:.4e}")
