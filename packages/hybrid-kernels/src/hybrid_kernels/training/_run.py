@@ -22,7 +22,7 @@ from hybrid_kernels.reductions import bucket_weights
 from hybrid_kernels.training._engine import Engine, Track, strong
 from hybrid_kernels.training.config import OptaxTrainingConfig
 from hybrid_kernels.training.history import LossHistory, NonFiniteTrainingError
-from hybrid_kernels.training.hooks import apply_hook
+from hybrid_kernels.training.hooks import HookEvents, apply_hook
 from hybrid_kernels.training.state import TrainingState, save_training_state
 from hybrid_kernels.training.tournament import new_track, set_learning_rate
 from hybrid_kernels.training.ui import TrainingUI
@@ -50,6 +50,7 @@ class Run:
         path: Any,
         sources: Any = None,
         extras: tuple[Any, ...] = (),
+        hook_events: HookEvents | None = None,
     ) -> None:
         self.engine, self.config, self.dataset = engine, config, dataset
         self.payloads = tuple(dataset.bucket_payloads)
@@ -60,6 +61,7 @@ class Run:
             self.val_weights = jnp.asarray(weights, dtype=default_float())
         self.ui, self.hook, self.key, self.fingerprint, self.path = ui, hook, key, fingerprint, path
         self.sources, self.extras = sources, extras
+        self.hook_events = hook_events
         self.history = LossHistory()
         self.pending: list[tuple[int, int, Any]] = []  # (step, phase, device report)
         self.bad_run = 0
@@ -97,6 +99,7 @@ class Run:
         self.history.val.extend(st.val_history)
         self.history.bad_steps.extend(st.bad_steps)
         self.history.phase_starts.extend(st.phase_starts)
+        self.history.events.extend(st.events)
         self.bad_run = st.bad_in_row
         self.predictors, self.opt_state = st.predictors, st.opt_state
         self.done, self.p, self.k = st.step, st.phase, st.phase_step
@@ -209,6 +212,8 @@ class Run:
             self.predictors, self.opt_state, _ = apply_hook(
                 self.hook, done, self.predictors, self.opt_state
             )
+            if self.hook_events is not None:
+                self.history.events.extend(self.hook_events.take(done))
         if save_due:
             save_training_state(self.path, self.state())
 
@@ -317,6 +322,7 @@ class Run:
             tournament_done=True,
             fingerprint=self.fingerprint,
             phase_starts=list(self.history.phase_starts),
+            events=list(self.history.events),
         )
 
     # -- compiling -----------------------------------------------------------------------

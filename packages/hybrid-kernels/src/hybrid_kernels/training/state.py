@@ -49,6 +49,7 @@ class TrainingState:
     - `tournament_done`: whether the tournament already ran (it does not run again on resume).
     - `fingerprint`: the settings of the run that saved this state; a resume must match.
     - `phase_starts`: the step index at which each phase so far began.
+    - `events`: the hook's events so far (`LossHistory.events`).
     """
 
     predictors: Any
@@ -69,6 +70,7 @@ class TrainingState:
     tournament_done: bool = False
     fingerprint: str = ""
     phase_starts: list[int] = dataclasses.field(default_factory=list)
+    events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def _array_leaves(tree: Any) -> list[Any]:
@@ -119,6 +121,7 @@ def save_training_state(path: str | os.PathLike[str], state: TrainingState) -> N
         "tournament_done": state.tournament_done,
         "fingerprint": state.fingerprint,
         "phase_starts": state.phase_starts,
+        "events": state.events,
         "arrays": described,
     }
     arrays["meta"] = np.asarray(json.dumps(meta))
@@ -222,4 +225,5 @@ def load_training_state(
         tournament_done=bool(meta["tournament_done"]),
         fingerprint=str(meta["fingerprint"]),
         phase_starts=[int(s) for s in meta["phase_starts"]],
+        events=list(meta.get("events", [])),
     )
