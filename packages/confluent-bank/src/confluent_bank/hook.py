@@ -148,7 +148,9 @@ class TransitionHook:
                     f"at {path or '<root>'} after step {step}; expected a TransitionProposal "
                     "or None"
                 )
-            current = treedef.unflatten([leaf for _, leaf in leaves])
+            before = after = None
+            if self.objective is not None:
+                before = float(self.objective(treedef.unflatten([leaf for _, leaf in leaves])))
             new_bank, opt_state, accepted = commit_transition(
                 bank,
                 proposal,
@@ -158,11 +160,10 @@ class TransitionHook:
                 state_adapter=self._adapter(path, len(banks), opt_state),
             )
             leaves[i] = (leaves[i][0], new_bank)
-            committed = treedef.unflatten([leaf for _, leaf in leaves])
-            before = after = None
             if self.objective is not None:
-                before = float(self.objective(current))
-                after = before if not accepted else float(self.objective(committed))
+                after = before
+                if accepted:
+                    after = float(self.objective(treedef.unflatten([leaf for _, leaf in leaves])))
             self.events.append(
                 TransitionEvent(
                     step=int(step),
