@@ -30,7 +30,7 @@ def plot_history(history: Sequence[float], *, ax: Any = None, log: bool = True) 
     """Plot a loss history: the training loss per step, validation scores, skipped steps.
 
     The hook's events (`history.events`) are marked where they happened: a solid green line
-    for an accepted one, a dotted grey line for one whose `"accepted"` is false, each labelled
+    for an accepted one, a dashed grey line for one whose `"accepted"` is false, each labelled
     with its `"kind"`.
 
     **Arguments:**
@@ -81,7 +81,7 @@ def _mark_events(ax: Any, events: Sequence[Any]) -> None:
         if accepted not in labelled:
             labelled.add(accepted)
             label = "transition" if accepted else "rejected transition"
-        colour, style = ("C2", "-") if accepted else ("0.5", ":")
+        colour, style = ("C2", "-") if accepted else ("0.45", "--")  # ":" marks phases
         ax.axvline(x, color=colour, ls=style, lw=1.0, label=label)
         ax.annotate(
             str(event.get("kind", "event")),
