@@ -184,75 +184,38 @@ def collinearity_score(bank: cb.ConfluentPackBank) -> float:
     return -float(np.sum(np.exp(-gaps)))
 
 
-@dataclasses.dataclass
-class TransitionEvent:
-    """One attempted transition: when, what, and how much the bank's function moved."""
-
-    step: int
-    kind: str
-    slots: tuple[int, ...]
-    accepted: bool
-    max_change: float
-    loss_before: float | None = None
-    loss_after: float | None = None
+# What each planned kind proposes, as the proposal (and so the recorded event) names it.
+PLAN_KINDS = {
+    "pair": "centered_pair",
+    "birth": "zero_output_birth",
+    "cluster": "cluster_to_moments",
+    "derivative": "pair_to_derivative",
+}
 
 
-class BankTransitions:
-    """A ``between_steps`` hook that commits planned bank transitions with the optax adapter.
+class PlannedTransitions:
+    """The ``propose(step, path, bank)`` policy for ``confluent_bank.TransitionHook``.
 
     ``plan`` maps a step count to a kind: ``"pair"`` (the best merge that
     ``detect_transitions`` finds under ``collinearity_score``), ``"derivative"`` (the first
     centred pair to its limit atom, under ``error_budget``), ``"cluster"`` (the closest pair
     of order-0 atoms whose truncation to one moment slot fits ``error_budget``) or ``"birth"``
-    (a zero-output atom in the first free slot). Acceptance is ``within_error_budget`` over
-    ``domain``. Every step it also retracts the spreads onto ``rho >= 0``.
-
-    ``objective(bank) -> float``, when given, is evaluated just before and after each commit
-    (same parameters), so a test can check that the loss does not jump.
+    (a zero-output atom in the first free slot).
     """
 
-    def __init__(
-        self,
-        plan: dict[int, str],
-        domain: tuple[float, float],
-        *,
-        error_budget: float = 1e-3,
-        objective: Callable[[cb.ConfluentPackBank], float] | None = None,
-    ):
-        import confluent_bank.optax as cbo
-
+    def __init__(self, plan: dict[int, str], domain: tuple[float, float], error_budget: float):
+        unknown = sorted(set(plan.values()) - set(PLAN_KINDS))
+        if unknown:
+            raise ValueError(f"unknown transition kinds {unknown}; use {sorted(PLAN_KINDS)}")
         self.plan = dict(plan)
         self.domain = (float(domain[0]), float(domain[1]))
         self.error_budget = error_budget
-        self.objective = objective
-        self.adapter = cbo.commit_adapter()
         self.acceptance = cb.within_error_budget(self.domain)
-        self.events: list[TransitionEvent] = []
 
-    def between_steps(self, step: int, predictors: Any, opt_state: Any):
-        (bank,) = predictors
+    def __call__(self, step: int, path: str, bank: cb.ConfluentPackBank):
         kind = self.plan.get(step)
-        proposal = None if kind is None else self._propose(kind, bank)
-        if proposal is None:
-            return (bank.retract(),), opt_state
-        new_bank, new_state, accepted = cb.commit_transition(
-            bank,
-            proposal,
-            opt_state,
-            between_steps=True,
-            acceptance=self.acceptance,
-            state_adapter=self.adapter,
-        )
-        grid = jnp.linspace(*self.domain, 401, dtype=bank.centers.dtype)
-        change = float(jnp.max(jnp.abs(new_bank.forward(grid) - bank.forward(grid))))
-        event = TransitionEvent(step, kind, proposal.slot_ids, accepted, change)
-        if self.objective is not None:
-            event.loss_before = self.objective(bank)
-            event.loss_after = self.objective(new_bank)
-        self.events.append(event)
-        return (new_bank.retract(),), new_state
-
-    def _propose(self, kind: str, bank: cb.ConfluentPackBank):
+        if kind is None:
+            return None
         host = {n: np.asarray(v) for n, v in jax.device_get(_blocks(bank)).items()}
         active, modes = host["active"], host["modes"]
         if kind == "pair":
@@ -272,13 +235,30 @@ class BankTransitions:
             ]
             admissible = [c for c in candidates if self.acceptance(bank, c)]
             return (admissible or candidates or [None])[0]
-        if kind == "birth":
-            free = np.flatnonzero(~active)
-            if not len(free):
-                return None
-            centre = 0.5 * (self.domain[0] + self.domain[1])
-            return bank.propose_birth(int(free[0]), cb.RefinedPack(0, centre, 0.0, SCALE))
-        raise ValueError(f"unknown transition kind {kind!r}")
+        free = np.flatnonzero(~active)  # "birth"
+        if not len(free):
+            return None
+        centre = 0.5 * (self.domain[0] + self.domain[1])
+        return bank.propose_birth(int(free[0]), cb.RefinedPack(0, centre, 0.0, SCALE))
+
+
+# --8<-- [start:hook]
+def transition_hook(
+    plan: dict[int, str],
+    domain: tuple[float, float],
+    *,
+    error_budget: float = 1e-3,
+    objective: Callable[[Any], float] | None = None,
+) -> cb.TransitionHook:
+    """The library hook with the planned policy: acceptance ``within_error_budget(domain)``,
+    the optax state carried by ``confluent_bank.optax.commit_adapter()``, spreads retracted
+    onto ``rho >= 0`` after every step. ``objective(predictors)``, when given, is evaluated
+    just before and after each commit."""
+    policy = PlannedTransitions(plan, domain, error_budget)
+    return cb.TransitionHook(policy, domain, objective=objective)
+
+
+# --8<-- [end:hook]
 
 
 def _pairs_by_span(host: dict[str, np.ndarray]) -> list[tuple[int, int]]:
@@ -306,12 +286,12 @@ def make_dataset(size: ProblemSize = STANDARD_SIZE, dtype: Any = None, **kwargs)
 
 
 def bucket_objective(dataset: hk.Dataset, solver: hk.SolverConfig) -> Callable[[Any], float]:
-    """The trainer's per-bucket-mean MSE of a bank, forward only (for before/after checks)."""
+    """The trainer's per-bucket-mean MSE of the predictors, forward only (before/after checks)."""
     score = hk.build_score_bucket(simulate, state_to_output, solver, hk.masked_mse)
     one = jnp.asarray(1.0)
 
-    def objective(bank: cb.ConfluentPackBank) -> float:
-        losses = [score((bank,), bp, one) for bp in dataset.bucket_payloads]
+    def objective(predictors: Any) -> float:
+        losses = [score(predictors, bp, one) for bp in dataset.bucket_payloads]
         return float(sum(losses) / len(losses))
 
     return objective

@@ -30,7 +30,7 @@ class StandardRun:
     domain: tuple[float, float]
     history: Any
     bank: Any
-    hook: P.BankTransitions
+    hook: Any  # a confluent_bank.TransitionHook
     simulate: P.TraceCounter
 
 
@@ -39,7 +39,15 @@ def standard_run() -> StandardRun:
     dataset = P.make_dataset(dtype=jnp.float64)
     domain = P.data_range(dataset)
     objective = P.bucket_objective(dataset, P.make_solver(jnp.float64))
-    hook = P.BankTransitions(P.STANDARD_PLAN, domain, error_budget=1e-3, objective=objective)
+    hook = P.transition_hook(P.STANDARD_PLAN, domain, error_budget=1e-3, objective=objective)
     simulate = P.TraceCounter(P.simulate)
     history, bank = P.run_standard(dataset, dtype=jnp.float64, hooks=hook, simulate_fn=simulate)
     return StandardRun(dataset, domain, history, bank, hook, simulate)
+
+
+@pytest.fixture(scope="session")
+def control_run(standard_run) -> Any:
+    """The loss history of the standard run without commits (the hook only retracts)."""
+    hook = P.transition_hook({}, standard_run.domain)
+    history, _ = P.run_standard(standard_run.dataset, dtype=jnp.float64, hooks=hook)
+    return history

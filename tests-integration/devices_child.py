@@ -20,7 +20,7 @@ import hybrid_problem as P  # noqa: E402
 
 def main(out: str) -> None:
     dataset = P.make_dataset(dtype=jnp.float64)
-    hook = P.BankTransitions(P.STANDARD_PLAN, P.data_range(dataset), error_budget=1e-3)
+    hook = P.transition_hook(P.STANDARD_PLAN, P.data_range(dataset), error_budget=1e-3)
     history, bank = P.run_standard(dataset, dtype=jnp.float64, hooks=hook)
     shardings = {str(bp.y0.sharding) for bp in dataset.bucket_payloads}
     result = {

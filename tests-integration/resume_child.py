@@ -30,8 +30,12 @@ DIE_AT = 110
 
 
 class _SaveThenDie:
-    def __init__(self, inner: P.BankTransitions, out: Path):
+    def __init__(self, inner: cb.TransitionHook, out: Path):
         self.inner, self.out = inner, out
+
+    @property
+    def events(self):  # the trainer records the wrapped hook's events
+        return self.inner.events
 
     def between_steps(self, step, predictors, opt_state):
         result = self.inner.between_steps(step, predictors, opt_state)
@@ -47,7 +51,7 @@ class _SaveThenDie:
 
 def main(mode: str, out: Path) -> None:
     dataset = P.make_dataset(dtype=jnp.float64)
-    hook = P.BankTransitions(P.STANDARD_PLAN, P.data_range(dataset), error_budget=1e-3)
+    hook = P.transition_hook(P.STANDARD_PLAN, P.data_range(dataset), error_budget=1e-3)
     settings = dict(checkpoint_path=str(out / "state.npz"), checkpoint_every=20)
     if mode == "interrupt":
         P.run_standard(dataset, dtype=jnp.float64, hooks=_SaveThenDie(hook, out), **settings)
@@ -56,7 +60,11 @@ def main(mode: str, out: Path) -> None:
     digest = cb.snapshot_digest(reloaded.portable_snapshot())
     (out / "reloaded.json").write_text(json.dumps({"digest": digest}))
     history, bank = P.run_standard(dataset, dtype=jnp.float64, hooks=hook, **settings)
-    result = {"history": list(map(float, history)), "bank": bank.checkpoint()}
+    result = {
+        "history": list(map(float, history)),
+        "events": history.events,
+        "bank": bank.checkpoint(),
+    }
     (out / "resumed.json").write_text(json.dumps(result))
 
 

@@ -11,6 +11,8 @@ import pytest
 
 import confluent_bank as cb
 
+import hybrid_problem as P
+
 HERE = Path(__file__).parent
 EXAMPLES = HERE.parent / "examples"
 
@@ -61,3 +63,12 @@ def test_resumed_run_ends_with_identical_parameters(resumed, standard_run):
 def test_resumed_run_has_identical_loss_history(resumed, standard_run):
     result = json.loads((resumed / "resumed.json").read_text())
     assert result["history"] == [float(x) for x in standard_run.history]
+
+
+def test_resumed_run_keeps_the_transition_events(resumed, standard_run):
+    # Events before the kill come from the saved state, the rest from the resumed hook.
+    result = json.loads((resumed / "resumed.json").read_text())
+    fields = ("step", "path", "kind", "slots", "accepted", "max_change")  # no objective there
+    resumed_events = [[e[f] for f in fields] for e in result["events"]]
+    assert len(resumed_events) == len(P.STANDARD_PLAN)
+    assert resumed_events == [[e[f] for f in fields] for e in standard_run.history.events]

@@ -12,7 +12,7 @@ G_TOLERANCE_F32 = 0.15  # looser than float64: solver tolerances are 1e-5 / 1e-6
 @pytest.fixture(scope="module")
 def float32_run():
     dataset = P.make_dataset(dtype=jnp.float32)
-    hook = P.BankTransitions(P.STANDARD_PLAN, P.data_range(dataset), error_budget=1e-3)
+    hook = P.transition_hook(P.STANDARD_PLAN, P.data_range(dataset), error_budget=1e-3)
     history, bank = P.run_standard(dataset, dtype=jnp.float32, hooks=hook)
     return dataset, history, bank, hook
 
@@ -37,5 +37,5 @@ def test_float32_learned_term_matches_the_true_term(float32_run):
 def test_float32_exact_commits_change_the_function_by_rounding_only(float32_run):
     _, _, _, hook = float32_run
     for event in hook.events:
-        if event.kind in ("pair", "birth"):
+        if event.kind in (P.PLAN_KINDS["pair"], P.PLAN_KINDS["birth"]):
             assert event.accepted and event.max_change <= 1e-6, event

@@ -19,7 +19,7 @@ G_TOLERANCE_F32 = 0.15
 def _run_on(device):
     with jax.default_device(device):
         dataset = P.make_dataset(dtype=jnp.float32, mesh=hk.make_row_mesh([device]))
-        hook = P.BankTransitions(P.STANDARD_PLAN, P.data_range(dataset), error_budget=1e-3)
+        hook = P.transition_hook(P.STANDARD_PLAN, P.data_range(dataset), error_budget=1e-3)
         history, bank = P.run_standard(dataset, dtype=jnp.float32, hooks=hook)
         return dataset, history, bank, hook
 

@@ -8,16 +8,21 @@ EXACT_TOLERANCE = 1e-13  # float64: exact commits change only the rounding of st
 
 
 def _events(run, kind):
-    return [e for e in run.hook.events if e.kind == kind]
+    return [e for e in run.hook.events if e.kind == P.PLAN_KINDS[kind]]
 
 
 def test_every_planned_transition_was_proposed(standard_run):
     kinds = [e.kind for e in standard_run.hook.events]
-    assert kinds == [P.STANDARD_PLAN[s] for s in sorted(P.STANDARD_PLAN)]
+    assert kinds == [P.PLAN_KINDS[P.STANDARD_PLAN[s]] for s in sorted(P.STANDARD_PLAN)]
 
 
 def test_exact_transitions_are_always_accepted(standard_run):
-    assert all(e.accepted for e in standard_run.hook.events if e.kind in ("pair", "birth"))
+    assert all(e.accepted for kind in ("pair", "birth") for e in _events(standard_run, kind))
+
+
+def test_the_trainer_records_every_event_in_the_history(standard_run):
+    recorded = [(e["step"], e["kind"], e["accepted"]) for e in standard_run.history.events]
+    assert recorded == [(e.step, e.kind, e.accepted) for e in standard_run.hook.events]
 
 
 def test_pair_merge_leaves_the_function_unchanged(standard_run):

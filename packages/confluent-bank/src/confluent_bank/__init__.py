@@ -43,6 +43,7 @@ from confluent_bank.carry import (
 )
 from confluent_bank.checkpoint import bank_from_checkpoint, load_checkpoint, save_checkpoint
 from confluent_bank.commit import commit_transition, detect_transitions
+from confluent_bank.hook import TransitionEvent, TransitionHook
 from confluent_bank.legacy import AdaptivePackBank, init_pack_bank, legacy_forward, migrate_legacy
 from confluent_bank.moments import Interval, MomentInitialization, initialize_moments, pair_moments
 from confluent_bank.records import RefinedPack, SlotUpdate, TransitionProposal
@@ -70,6 +71,8 @@ __all__ = [
     "RefinedPack",
     "SlotUpdate",
     "TransitionCarry",
+    "TransitionEvent",
+    "TransitionHook",
     "TransitionProposal",
     "TransitionStateAdapter",
     "__version__",

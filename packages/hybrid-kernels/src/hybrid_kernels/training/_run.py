@@ -25,7 +25,7 @@ from hybrid_kernels.reductions import bucket_weights
 from hybrid_kernels.training._engine import Engine, Track, strong
 from hybrid_kernels.training.config import OptaxTrainingConfig
 from hybrid_kernels.training.history import LossHistory, NonFiniteTrainingError
-from hybrid_kernels.training.hooks import apply_hook
+from hybrid_kernels.training.hooks import HookEvents, apply_hook
 from hybrid_kernels.training.state import TrainingState, save_training_state
 from hybrid_kernels.training.tournament import new_track, set_learning_rate
 from hybrid_kernels.training.ui import TrainingUI
@@ -70,6 +70,7 @@ class Run:
         path: Any,
         sources: Any = None,
         extras: tuple[Any, ...] = (),
+        hook_events: HookEvents | None = None,
     ) -> None:
         self.engine, self.config, self.dataset = engine, config, dataset
         self.payloads = tuple(dataset.bucket_payloads)
@@ -82,6 +83,7 @@ class Run:
             self.val_weights = jnp.asarray(weights, dtype=default_float())
         self.ui, self.hook, self.key, self.fingerprint, self.path = ui, hook, key, fingerprint, path
         self.sources, self.extras = sources, extras
+        self.hook_events = hook_events
         self.history = LossHistory()
         self.pending: list[tuple[int, int, Any]] = []  # (step, phase, device report)
         self.bad_run = 0
@@ -120,6 +122,7 @@ class Run:
         self.history.bad_steps.extend(st.bad_steps)
         self.history.phase_starts.extend(st.phase_starts)
         self.history.failed.update(st.failed)
+        self.history.events.extend(st.events)
         self.bad_run = st.bad_in_row
         self.predictors, self.opt_state = st.predictors, st.opt_state
         self.done, self.p, self.k = st.step, st.phase, st.phase_step
@@ -232,6 +235,8 @@ class Run:
             self.predictors, self.opt_state, _ = apply_hook(
                 self.hook, done, self.predictors, self.opt_state
             )
+            if self.hook_events is not None:
+                self.history.events.extend(self.hook_events.take(done))
         if save_due:
             save_training_state(self.path, self.state())
 
@@ -351,6 +356,7 @@ class Run:
             fingerprint=self.fingerprint,
             phase_starts=list(self.history.phase_starts),
             failed=dict(self.history.failed),
+            events=list(self.history.events),
         )
 
     # -- compiling -----------------------------------------------------------------------

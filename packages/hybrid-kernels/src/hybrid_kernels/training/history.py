@@ -28,6 +28,9 @@ class LossHistory(list):
         not solve.
     - `best_step`: the step whose pre-update parameters are the best snapshot (-1: none).
     - `best_loss`: the loss (or validation score) of that snapshot.
+    - `events`: what the `between_steps` hook reported (see
+        [`BetweenStepsHook`][hybrid_kernels.BetweenStepsHook]), as JSON-ready dicts, each
+        with at least a `"step"`: the number of steps done when the hook ran.
     """
 
     def __init__(self, values: Any = ()) -> None:
@@ -39,6 +42,7 @@ class LossHistory(list):
         self.failed: dict[int, tuple[str, ...]] = {}
         self.best_step: int = -1
         self.best_loss: float = float("inf")
+        self.events: list[dict[str, Any]] = []
 
 
 class NonFiniteTrainingError(RuntimeError):

@@ -5,11 +5,17 @@ edited copies, for example a confluent bank transition that moves slots around t
 their Adam moments. Edits must keep every compiled kernel valid: the pytree structure and every
 array's shape and dtype stay the same, and values that are not arrays (compiled in as
 constants) do not change. Then no kernel recompiles.
+
+A hook may also report what it did through an `events` list: the trainer records the entries
+appended during a run in `LossHistory.events`, where `plot_history` marks them and a saved
+`TrainingState` keeps them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+import json
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import equinox as eqx
@@ -26,6 +32,11 @@ class BetweenStepsHook(Protocol):
     `between_steps(step, predictors, opt_state)` is called after `step` optimiser steps (over
     all phases) and before the next one, never after the last. It returns `None` (no change) or
     `(predictors, opt_state)` with the same structure, shapes and dtypes.
+
+    A hook object may also have an `events` list (for example
+    `confluent_bank.TransitionHook`). Each entry it appends during a run, a dict or a
+    dataclass instance with JSON-serialisable values, is recorded in `LossHistory.events` as
+    a dict, with `"step"` set to the steps done when the hook ran unless the entry has one.
     """
 
     def between_steps(self, step: int, predictors: Any, opt_state: Any) -> tuple[Any, Any] | None:
@@ -133,3 +144,55 @@ def apply_hook(
     new_predictors = _conform("predictors", step, predictors, result[0])
     new_opt_state = _conform("opt_state", step, opt_state, result[1])
     return new_predictors, new_opt_state, True
+
+
+class HookEvents:
+    """Reads the entries a hook appends to its `events` list, as JSON-ready dicts."""
+
+    def __init__(self, hooks: Any) -> None:
+        self.hooks = hooks
+        self.seen = len(self._source())
+
+    def _source(self) -> Sequence[Any]:
+        events = getattr(self.hooks, "events", None)
+        if events is None:
+            return ()
+        if not isinstance(events, Sequence) or isinstance(events, str | bytes):
+            raise TypeError(
+                f"the hook's events attribute is a {type(events).__name__}; expected a list of "
+                "dicts or dataclass instances"
+            )
+        return events
+
+    def take(self, step: int) -> list[dict[str, Any]]:
+        """The entries appended since the last call, each as a dict with a `"step"`."""
+        events = self._source()
+        new, self.seen = list(events[self.seen :]), len(events)
+        return [_event_dict(event, step) for event in new]
+
+
+def _event_dict(event: Any, step: int) -> dict[str, Any]:
+    if isinstance(event, Mapping):
+        record = dict(event)
+    elif dataclasses.is_dataclass(event) and not isinstance(event, type):
+        record = dataclasses.asdict(event)
+    else:
+        raise TypeError(
+            f"between_steps hook reported an event of type {type(event).__name__} after step "
+            f"{step}; events must be dicts or dataclass instances"
+        )
+    record = {"step": step, **record}
+    try:  # through JSON once: tuples become lists, and anything unsaveable fails here
+        return json.loads(json.dumps(record, default=_json_scalar))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"between_steps hook reported an event after step {step} that is not "
+            f"JSON-serialisable: {record!r} ({exc})"
+        ) from None
+
+
+def _json_scalar(value: Any) -> Any:
+    # NumPy and JAX scalars (a float32 loss, an int64 slot id) are saved as Python numbers.
+    if getattr(value, "shape", None) == () and hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")

@@ -29,6 +29,10 @@ def _pyplot() -> Any:
 def plot_history(history: Sequence[float], *, ax: Any = None, log: bool = True) -> Any:
     """Plot a loss history: the training loss per step, validation scores, skipped steps.
 
+    The hook's events (`history.events`) are marked where they happened: a solid green line
+    for an accepted one, a dashed grey line for one whose `"accepted"` is false, each labelled
+    with its `"kind"`.
+
     **Arguments:**
 
     - `history`: the `loss_history` returned by `train_with_optax` (a
@@ -55,6 +59,7 @@ def plot_history(history: Sequence[float], *, ax: Any = None, log: bool = True) 
         finite = losses[np.isfinite(losses)]
         level = finite.max() if finite.size else 1.0
         ax.plot(bad, np.full(len(bad), level), "x", color="C3", label="skipped (non-finite)")
+    _mark_events(ax, getattr(history, "events", ()))
     best = getattr(history, "best_step", -1)
     if best is not None and 0 <= best < losses.size:
         ax.plot([best], [losses[best]], "*", ms=10, color="C2", label="best step")
@@ -64,6 +69,30 @@ def plot_history(history: Sequence[float], *, ax: Any = None, log: bool = True) 
     ax.set_ylabel("loss")
     ax.legend(frameon=False)
     return ax
+
+
+def _mark_events(ax: Any, events: Sequence[Any]) -> None:
+    labelled: set[bool] = set()
+    for event in events:
+        accepted = bool(event.get("accepted", True))
+        # The hook ran after `step` steps: its change first shows in loss index `step`.
+        x = float(event["step"]) - 0.5
+        label = None
+        if accepted not in labelled:
+            labelled.add(accepted)
+            label = "transition" if accepted else "rejected transition"
+        colour, style = ("C2", "-") if accepted else ("0.45", "--")  # ":" marks phases
+        ax.axvline(x, color=colour, ls=style, lw=1.0, label=label)
+        ax.annotate(
+            str(event.get("kind", "event")),
+            (x, 1.0),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=7,
+            color=colour,
+        )
 
 
 def plot_fit(

@@ -102,6 +102,7 @@ class TrainingState:
     - `fingerprint`: the settings of the run that saved this state; a resume must match.
     - `phase_starts`: the step index at which each phase so far began.
     - `failed`: step → the `exp_id`s whose solve failed at that step (`throw=False`).
+    - `events`: the hook's events so far (`LossHistory.events`).
     """
 
     predictors: Any
@@ -123,6 +124,7 @@ class TrainingState:
     fingerprint: str = ""
     phase_starts: list[int] = dataclasses.field(default_factory=list)
     failed: dict[int, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def _array_leaves(tree: Any) -> list[Any]:

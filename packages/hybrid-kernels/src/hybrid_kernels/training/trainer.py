@@ -32,7 +32,7 @@ from hybrid_kernels.training._engine import get_engine, strong
 from hybrid_kernels.training._run import Run, name_failed_experiments
 from hybrid_kernels.training.config import OptaxTrainingConfig
 from hybrid_kernels.training.history import LossHistory
-from hybrid_kernels.training.hooks import resolve_hook
+from hybrid_kernels.training.hooks import HookEvents, resolve_hook
 from hybrid_kernels.training.reinit import fold_key
 from hybrid_kernels.training.state import (
     TrainingState,
@@ -151,6 +151,7 @@ def run_training(
         path=path,
         sources=sources,
         extras=extras,
+        hook_events=None if hook is None else HookEvents(hooks),
     )
 
     ui.on_run_start(total_steps=config.total_steps, num_phases=config.n_phases)

@@ -1,0 +1,198 @@
+"""The transition hook: commit bank transitions between a trainer's optimiser steps.
+
+A trainer that calls `between_steps(step, predictors, opt_state)` after each step (the
+hybrid-kernels trainer does; so can any hand-written loop) can hand that call to a
+`TransitionHook`. It finds every `ConfluentPackBank` in the predictors pytree, whatever sits
+beside it, asks a user policy for a proposal per bank, commits it with `commit_transition`,
+carries the rows of the whole optimizer state along, and records one `TransitionEvent` per
+attempt. The protocol is duck-typed: this module imports no trainer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from confluent_bank.bank import ConfluentPackBank
+from confluent_bank.bounds import within_error_budget
+from confluent_bank.commit import commit_transition
+from confluent_bank.records import TransitionProposal
+from confluent_bank.transport import NamedMomentState, OptimizerStateAdapter
+
+__all__ = ["TransitionEvent", "TransitionHook"]
+
+Proposer = Callable[[int, str, ConfluentPackBank], TransitionProposal | None]
+
+
+@dataclasses.dataclass(frozen=True)
+class TransitionEvent:
+    """One attempted transition, as a `TransitionHook` recorded it.
+
+    **Fields:**
+
+    - `step`: optimiser steps completed when it was attempted (the next step sees its result).
+    - `path`: where the bank sits in the predictors, as `jax.tree_util.keystr` writes it.
+    - `kind`: the proposal's kind (`"centered_pair"`, `"zero_output_birth"`, ...).
+    - `slots`: the stable slot ids it touched.
+    - `accepted`: whether it was committed.
+    - `max_change`: `max |f_after(x) − f_before(x)|` over the hook's domain grid (0 when
+      rejected).
+    - `loss_before`, `loss_after`: the hook's `objective` at the predictors just before and
+      just after the commit, or `None` without an objective.
+
+    `dataclasses.asdict(event)` is JSON-serialisable.
+    """
+
+    step: int
+    path: str
+    kind: str
+    slots: tuple[int, ...]
+    accepted: bool
+    max_change: float
+    loss_before: float | None = None
+    loss_after: float | None = None
+
+
+def _is_bank(node: Any) -> bool:
+    return isinstance(node, ConfluentPackBank)
+
+
+class TransitionHook:
+    """A `between_steps(step, predictors, opt_state)` hook that commits bank transitions.
+
+    After each optimiser step it visits every `ConfluentPackBank` in `predictors` (a bank, a
+    tuple holding one, an `eqx.Module` with a bank beside an MLP and some rates, ...). For
+    each bank, `propose(step, path, bank)` returns a `TransitionProposal` or `None`; a
+    proposal is committed with `commit_transition` under `acceptance`, and the optimizer
+    state's rows for the touched slots go through the state adapter, in every moment tree of
+    the whole state. Each attempt, accepted or not, appends a `TransitionEvent` to `events`.
+    Then, with `retract=True`, every bank's spreads are projected onto `ρ ≥ 0`.
+
+    A commit changes array values only, so a trainer's compiled kernels stay valid.
+
+    ```python
+    def propose(step, path, bank):
+        if step == 500:
+            found = cb.detect_transitions(bank, my_score)
+            return found[0] if found else None
+        return None
+
+    hook = cb.TransitionHook(propose, domain=(-3.0, 3.0))
+    history, trained = hk.train_with_optax(..., hooks=hook)
+    history.events  # the hook's events, as dicts
+    ```
+
+    **Arguments:**
+
+    - `propose`: `(step, path, bank) -> TransitionProposal | None`, the policy; `path` is the
+      bank's key string in `predictors` (`"[0]"`, `".bank"`, `""` for a bare bank).
+    - `domain`: `(lo, hi)`, the inputs the bank must stay accurate on. The function change of
+      each commit is measured on `n_points` points of it, and the default `acceptance` is
+      `within_error_budget(domain)`.
+    - `acceptance`: `(bank, proposal) -> bool`; default `within_error_budget(domain)`.
+    - `adapter`: `path -> OptimizerStateAdapter` for the bank at `path`. The default is
+      `confluent_bank.optax.commit_adapter(path=...)` for optax states (with the bank's path
+      only when `predictors` holds several banks, so a single bank is found wherever the
+      optimiser's params put it) and `reset_slot_state` for a `NamedMomentState`.
+    - `retract`: project every bank's `rho` onto `ρ ≥ 0` after each step (default `True`).
+    - `objective`: optional `(predictors) -> float`, evaluated just before and just after
+      each commit (recorded in the event).
+    - `n_points`: grid size for `max_change` (default 401).
+
+    **Raises:** `ValueError` for a malformed `domain` or `n_points < 2`; `TypeError` when
+    `propose` is not callable or returns something other than a proposal or `None`.
+    """
+
+    def __init__(
+        self,
+        propose: Proposer,
+        domain: tuple[float, float],
+        *,
+        acceptance: Callable[[ConfluentPackBank, TransitionProposal], bool] | None = None,
+        adapter: Callable[[str], OptimizerStateAdapter[Any]] | None = None,
+        retract: bool = True,
+        objective: Callable[[Any], float] | None = None,
+        n_points: int = 401,
+    ) -> None:
+        if not callable(propose):
+            raise TypeError(f"TransitionHook: propose must be callable, got {propose!r}")
+        default_acceptance = within_error_budget(domain)  # validates domain
+        if isinstance(n_points, bool) or not isinstance(n_points, int) or n_points < 2:
+            raise ValueError(f"TransitionHook: n_points must be an integer >= 2, got {n_points!r}")
+        self.propose = propose
+        self.domain = (float(domain[0]), float(domain[1]))
+        self.acceptance = default_acceptance if acceptance is None else acceptance
+        self.adapter = adapter
+        self.retract = retract
+        self.objective = objective
+        self.n_points = n_points
+        self.events: list[TransitionEvent] = []
+
+    def between_steps(self, step: int, predictors: Any, opt_state: Any) -> tuple[Any, Any]:
+        """Visit every bank: propose, commit, record; retract. Returns `(predictors, state)`."""
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(predictors, is_leaf=_is_bank)
+        leaves = list(leaves)
+        banks = [i for i, (_, leaf) in enumerate(leaves) if _is_bank(leaf)]
+        for i in banks:
+            path, bank = jax.tree_util.keystr(leaves[i][0]), leaves[i][1]
+            proposal = self.propose(step, path, bank)
+            if proposal is None:
+                continue
+            if not isinstance(proposal, TransitionProposal):
+                raise TypeError(
+                    f"TransitionHook: propose returned {type(proposal).__name__} for the bank "
+                    f"at {path or '<root>'} after step {step}; expected a TransitionProposal "
+                    "or None"
+                )
+            before = after = None
+            if self.objective is not None:
+                before = float(self.objective(treedef.unflatten([leaf for _, leaf in leaves])))
+            new_bank, opt_state, accepted = commit_transition(
+                bank,
+                proposal,
+                opt_state,
+                between_steps=True,
+                acceptance=self.acceptance,
+                state_adapter=self._adapter(path, len(banks), opt_state),
+            )
+            leaves[i] = (leaves[i][0], new_bank)
+            if self.objective is not None:
+                after = before
+                if accepted:
+                    after = float(self.objective(treedef.unflatten([leaf for _, leaf in leaves])))
+            self.events.append(
+                TransitionEvent(
+                    step=int(step),
+                    path=path,
+                    kind=proposal.kind,
+                    slots=tuple(int(s) for s in proposal.slot_ids),
+                    accepted=bool(accepted),
+                    max_change=self._change(bank, new_bank) if accepted else 0.0,
+                    loss_before=before,
+                    loss_after=after,
+                )
+            )
+        if self.retract:
+            for i in banks:
+                leaves[i] = (leaves[i][0], leaves[i][1].retract())
+        return treedef.unflatten([leaf for _, leaf in leaves]), opt_state
+
+    def _adapter(
+        self, path: str, n_banks: int, opt_state: Any
+    ) -> OptimizerStateAdapter[Any] | None:
+        if self.adapter is not None:
+            return self.adapter(path)
+        if isinstance(opt_state, NamedMomentState):
+            return None  # commit_transition resets a NamedMomentState itself
+        import confluent_bank.optax as cbo  # an optional extra: imported only when needed
+
+        # One bank is found wherever the optimiser's params put it; several need their paths.
+        return cbo.commit_adapter(path=path if n_banks > 1 else None)
+
+    def _change(self, before: ConfluentPackBank, after: ConfluentPackBank) -> float:
+        grid = jnp.linspace(*self.domain, self.n_points, dtype=before.centers.dtype)
+        return float(jnp.max(jnp.abs(after.forward(grid) - before.forward(grid))))
