@@ -144,10 +144,12 @@ def test_hook_commits_every_bank_in_the_predictors(pair_bank):
     assert all(e.accepted for e in hook.events)
     for bank in (first, nested["inner"]):
         assert int(bank.transition_version) == int(pair_bank.transition_version) + 1
+    # The hook must do exactly what committing each bank with `commit_adapter` does.
+    carry = cb.transition_carry(pair_bank, _pair_at(5)(5, "", pair_bank))
     reference = state
     for path in ("[0]", "[1]['inner']"):
         candidate = first if path == "[0]" else nested["inner"]
-        reference = cbo.commit_adapter(path=path)(reference, candidate, (0, 1))
+        reference = cbo.commit_adapter(path=path).carry_transition(reference, candidate, carry)
     assert _equal_trees(new_state, reference)
 
 
