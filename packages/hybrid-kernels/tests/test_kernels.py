@@ -176,9 +176,14 @@ def test_penalty_step_returns_the_unweighted_penalty_and_weighted_grads():
     assert float(grads[0].k) == pytest.approx(2.0 * 2 * 0.5)
 
 
-def test_penalty_step_with_zero_weight_reports_zero_and_zero_grads():
-    pen, grads = hk.build_penalty_step(l2, True)(rate(0.5), 0.0)
-    assert float(pen) == 0.0 and float(grads[0].k) == 0.0
+def test_penalty_step_with_zero_weight_reports_the_unweighted_penalty():
+    pen, _ = hk.build_penalty_step(l2, True)(rate(0.5), 0.0)
+    assert float(pen) == pytest.approx(0.25)
+
+
+def test_penalty_step_with_zero_weight_has_zero_grads():
+    _, grads = hk.build_penalty_step(l2, True)(rate(0.5), 0.0)
+    assert float(grads[0].k) == 0.0
 
 
 def test_penalty_step_passes_points_through_to_the_penalty():

@@ -9,7 +9,13 @@ The public surface is exactly what ``__all__`` lists.
 """
 
 from hybrid_kernels.__about__ import __version__
-from hybrid_kernels.bounded import BoundedPredictor, BoundScaler
+from hybrid_kernels.bounded import (
+    BoundedPredictor,
+    BoundScaler,
+    soft_clip,
+    soft_logit,
+    straight_through_clip,
+)
 from hybrid_kernels.data import (
     BucketPayload,
     ChannelObs,
@@ -51,6 +57,7 @@ from hybrid_kernels.penalties import (
 from hybrid_kernels.prediction import (
     ChannelMetrics,
     compute_metrics,
+    metrics_table,
     ensemble_predictions,
     predict_bucket,
     predict_dataset,
@@ -71,6 +78,7 @@ from hybrid_kernels.solver import (
     register_solver,
 )
 from hybrid_kernels.trainable import (
+    count_trainable_params,
     default_trainable,
     freeze_modules_of_type,
     freeze_paths,
@@ -86,16 +94,19 @@ from hybrid_kernels.training import (
     OptaxTrainingConfig,
     RecordingUI,
     RichUI,
+    SavedRun,
     SilentUI,
     TrainingState,
     TrainingUI,
     annealing_schedule,
     default_ui,
     fold_key,
+    load_run,
     load_training_state,
     plot_fit,
     plot_history,
     reinitialise,
+    save_run,
     save_training_state,
     train_bootstrap_ensemble,
     train_seed_ensemble,
@@ -130,6 +141,7 @@ __all__ = [
     "PenaltyPointSource",
     "RecordingUI",
     "RichUI",
+    "SavedRun",
     "SilentUI",
     "SolverConfig",
     "TrainingState",
@@ -149,6 +161,7 @@ __all__ = [
     "build_score_bucket",
     "combine_bucket_grads",
     "compute_metrics",
+    "count_trainable_params",
     "data_penalty_points",
     "default_trainable",
     "default_ui",
@@ -162,6 +175,7 @@ __all__ = [
     "length_cutoff",
     "length_mask_keep",
     "load_predictors",
+    "load_run",
     "load_training_state",
     "make_bootstrap_dataset",
     "make_dataset",
@@ -169,6 +183,7 @@ __all__ = [
     "make_row_mesh",
     "masked_mle",
     "masked_mse",
+    "metrics_table",
     "penalty_integral",
     "penalty_vector_field",
     "plot_fit",
@@ -183,9 +198,13 @@ __all__ = [
     "reinitialise",
     "resolve_loss_fn",
     "save_predictors",
+    "save_run",
     "save_training_state",
     "select_penalty_points",
+    "soft_clip",
+    "soft_logit",
     "split_dataset",
+    "straight_through_clip",
     "strip_penalty_state",
     "train_bootstrap_ensemble",
     "train_seed_ensemble",
