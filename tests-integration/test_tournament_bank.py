@@ -26,9 +26,7 @@ def tournament():
     history, trained = hk.train_with_optax(
         start,
         dataset,
-        P.standard_config(
-            steps=(2,), lr=(0.01,), tournament_attempts=ATTEMPTS, tournament_steps=1
-        ),
+        P.standard_config(steps=(2,), lr=(0.01,), tournament_attempts=ATTEMPTS, tournament_steps=1),
         simulate_fn=P.simulate,
         state_to_output=P.state_to_output,
         solver=P.make_solver(jnp.float64),

@@ -127,7 +127,9 @@ def test_input_violation_is_finite_for_a_log_warp_below_zero():
 
 
 def test_input_violation_rejects_a_wrong_number_of_columns():
-    with pytest.raises(ValueError, match=r"input_violation: x has shape \(3,\); expected \(..., 2\)"):
+    with pytest.raises(
+        ValueError, match=r"input_violation: x has shape \(3,\); expected \(..., 2\)"
+    ):
         hk.BoundScaler([(0.0, 1.0), (0.0, 1.0)]).input_violation(jnp.zeros(3))
 
 

@@ -106,7 +106,9 @@ def test_a_history_attribute_that_is_not_json_data_is_skipped_with_a_warning(tmp
     h = history()
     h.opaque = object()
     with pytest.warns(RuntimeWarning, match=r"history attribute\(s\) \['opaque'\]"):
-        hk.save_run(tmp_path / "run", predictors(), solver=tiny_solver(), config=config(), history=h)
+        hk.save_run(
+            tmp_path / "run", predictors(), solver=tiny_solver(), config=config(), history=h
+        )
     assert not hasattr(hk.load_run(tmp_path / "run", predictors()).history, "opaque")
 
 
@@ -173,7 +175,9 @@ def test_overwrite_replaces_a_run_completely(saved):
 def test_overwrite_never_replaces_a_folder_that_is_not_a_run(tmp_path):
     (tmp_path / "mine").mkdir()
     with pytest.raises(ValueError, match="is not a run directory; refusing"):
-        hk.save_run(tmp_path / "mine", predictors(), solver=tiny_solver(), config=config(), overwrite=True)
+        hk.save_run(
+            tmp_path / "mine", predictors(), solver=tiny_solver(), config=config(), overwrite=True
+        )
 
 
 def test_save_run_rejects_a_missing_parent(tmp_path):

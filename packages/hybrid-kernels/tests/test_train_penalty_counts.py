@@ -7,7 +7,6 @@ trainer spends on warming up.
 """
 
 import diffrax
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np

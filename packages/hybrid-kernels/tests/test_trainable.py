@@ -81,7 +81,9 @@ def test_freezers_reject_a_mask_of_another_structure(predictors):
 
 
 def test_freeze_where_with_an_isinstance_predicate_freezes_whole_modules(predictors):
-    mask = hk.freeze_where(hk.trainable_mask(predictors), predictors, lambda x: isinstance(x, Scale))
+    mask = hk.freeze_where(
+        hk.trainable_mask(predictors), predictors, lambda x: isinstance(x, Scale)
+    )
     assert mask[0].scale.temperature is False
     assert mask[0].weight and mask[0].bias and mask[1]["rate"]
 

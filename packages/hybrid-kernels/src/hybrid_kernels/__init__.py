@@ -57,8 +57,8 @@ from hybrid_kernels.penalties import (
 from hybrid_kernels.prediction import (
     ChannelMetrics,
     compute_metrics,
-    metrics_table,
     ensemble_predictions,
+    metrics_table,
     predict_bucket,
     predict_dataset,
     predict_dense,

@@ -90,7 +90,7 @@ def _check_edge(edge: float) -> float:
     return float(edge)
 
 
-def soft_logit(s: Float[ArrayLike, "..."], *, edge: float = _EDGE) -> Float[Array, "..."]:
+def soft_logit(s: Float[ArrayLike, ...], *, edge: float = _EDGE) -> Float[Array, ...]:
     """`logit(s)`, exact on `[edge, 1 - edge]` and linearly continued beyond it.
 
     The inverse squash `BoundScaler(transform="sigmoid").to_latent` applies to the position in
@@ -101,16 +101,17 @@ def soft_logit(s: Float[ArrayLike, "..."], *, edge: float = _EDGE) -> Float[Arra
 
 
 def soft_clip(
-    x: Float[ArrayLike, "..."],
-    low: Float[ArrayLike, "..."],
-    high: Float[ArrayLike, "..."],
-) -> Float[Array, "..."]:
+    x: Float[ArrayLike, ...],
+    low: Float[ArrayLike, ...],
+    high: Float[ArrayLike, ...],
+) -> Float[Array, ...]:
     """A smooth, strictly increasing map of `x` into the open interval `(low, high)`.
 
     `low + (high - low) * sigmoid(4 * (x - mid) / (high - low))` with `mid` the centre: slope 1
-    at the centre, reaching a bound only asymptotically, and a gradient that decays but never vanishes (a
-    hard clip's is zero outside). It is the sigmoid squash of `BoundScaler.from_latent`,
-    rescaled to unit slope. `low`, `high` broadcast against `x` and need `low < high`.
+    at the centre, a bound reached only asymptotically, and a gradient that decays but never
+    vanishes (a hard clip's is zero outside). It is the sigmoid squash of
+    `BoundScaler.from_latent`, rescaled to unit slope. `low`, `high` broadcast against `x`
+    and need `low < high`.
     """
     x, low, high = jnp.asarray(x), jnp.asarray(low), jnp.asarray(high)
     width = high - low
@@ -118,15 +119,16 @@ def soft_clip(
 
 
 def straight_through_clip(
-    x: Float[ArrayLike, "..."],
-    low: Float[ArrayLike, "..."],
-    high: Float[ArrayLike, "..."],
-) -> Float[Array, "..."]:
+    x: Float[ArrayLike, ...],
+    low: Float[ArrayLike, ...],
+    high: Float[ArrayLike, ...],
+) -> Float[Array, ...]:
     """`clip(x, low, high)` in the forward pass with the identity's gradient (slope 1).
 
     For when a value must really lie in the box (a solver input, a table lookup) yet the
     optimiser should still see which way to move: the clip is hidden from autodiff with
-    `stop_gradient`. `BoundScaler.to_latent` clips the same way before its continuation.
+    `stop_gradient`. (`BoundScaler.to_latent` clips too, then continues linearly past the clip,
+    which `soft_logit` exposes.)
     """
     x = jnp.asarray(x)
     return x + jax.lax.stop_gradient(jnp.clip(x, low, high) - x)

@@ -25,9 +25,7 @@ def _has_own_reinit(node: Any) -> bool:
     # Duck-typed, so a pytree class from another package (a confluent-bank bank, which is not
     # an equinox module) can say how it starts afresh without either package importing the
     # other.
-    return not isinstance(node, jax.Array | type) and callable(
-        getattr(node, "reinitialise", None)
-    )
+    return not isinstance(node, jax.Array | type) and callable(getattr(node, "reinitialise", None))
 
 
 def _draw(key: Any, leaf: Any) -> Any:
@@ -45,9 +43,10 @@ def reinitialise(predictors: Any, trainable: Any, key: Any) -> Any:
     A node with a `reinitialise(key) -> node` method (any pytree node: an equinox module or,
     duck-typed, another package's class) re-initialises itself, keeping its own invariants;
     its frozen leaves are still restored afterwards. A `BoundScaler` keeps its bounds and
-    temperature; a confluent-bank bank keeps its slot structure. Every other trainable floating leaf is drawn
-    afresh: matrices uniformly in `±1/sqrt(fan_in)`, smaller leaves from a standard normal.
-    One subkey per module or leaf, in traversal order, so identical siblings differ.
+    temperature; a confluent-bank bank keeps its slot structure. Every other trainable
+    floating leaf is drawn afresh: matrices uniformly in `±1/sqrt(fan_in)`, smaller leaves
+    from a standard normal. One subkey per module or leaf, in traversal order, so identical
+    siblings differ.
 
     **Arguments:**
 

@@ -252,7 +252,9 @@ def save_run(
         "version": _VERSION,
         "versions": _versions(),
         "solver": solver.to_dict(),
-        "config": {f.name: _config_field(getattr(config, f.name)) for f in dataclasses.fields(config)},
+        "config": {
+            f.name: _config_field(getattr(config, f.name)) for f in dataclasses.fields(config)
+        },
         "config_fingerprint": config.fingerprint(),
         "history": _history_to_json(history),
         "leaves": _describe_leaves(predictors, trainable),
@@ -311,9 +313,7 @@ def _read_manifest(path: Path) -> dict[str, Any]:
             f"load_run: {str(path)!r} has run format version {manifest.get('version')!r}; "
             f"this hybrid_kernels reads version {_VERSION}"
         )
-    missing = [
-        k for k in ("solver", "config", "history", "leaves", "files") if k not in manifest
-    ]
+    missing = [k for k in ("solver", "config", "history", "leaves", "files") if k not in manifest]
     if missing:
         raise ValueError(f"load_run: {str(path / _MANIFEST)!r} lacks {missing}")
     for name in manifest["files"].values():
@@ -322,9 +322,7 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def load_run(
-    path: str | os.PathLike[str], template: Any, *, opt_state: Any = None
-) -> SavedRun:
+def load_run(path: str | os.PathLike[str], template: Any, *, opt_state: Any = None) -> SavedRun:
     """Read a run directory written by [`save_run`][hybrid_kernels.save_run].
 
     **Arguments:**
