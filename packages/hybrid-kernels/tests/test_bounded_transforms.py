@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _train_models import Affine, rate_dataset, rate_train
 
 import hybrid_kernels as hk
 
@@ -92,6 +93,21 @@ def test_a_log_warped_bounded_predictor_and_its_penalty_run_under_jit(transform)
         (predictor,), 1.0, points
     )
     assert np.isfinite(float(pen)) and grads[0].inner.weight.shape == (1, 1)
+
+
+def test_a_log_warped_bounded_predictor_trains_with_the_bound_penalty():
+    start = (
+        hk.BoundedPredictor(
+            Affine(jnp.ones((1,)) * 0.1, jnp.zeros((1,))),
+            in_scaler=hk.BoundScaler([(0.5, 2.0)], warp="log"),
+            out_scaler=hk.BoundScaler([(0.05, 2.0)], warp="log"),
+            input_keys=("scale",),
+        ),
+    )
+    config = hk.OptaxTrainingConfig(steps=(3,), lr=(0.1,), penalty_weight=(1.0,), verbose=False)
+    history, _ = rate_train(rate_dataset(), config, start=start)
+    assert len(history) == 3 and np.all(np.isfinite(list(history)))
+    assert history[-1] < history[0]
 
 
 def test_a_scaler_can_be_built_inside_jit():
