@@ -30,6 +30,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -90,7 +91,6 @@ def _plot_history(history, path: Path) -> None:
 
 
 def _summary_table(summary: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title="demo summary", show_header=False)
@@ -158,6 +158,8 @@ def main() -> None:
     fig.savefig(out / "fit.png", dpi=110)
     _plot_learned_term(bank, domain, out / "learned_term.png")
     _plot_history(history, out / "history.png")
+    predictions = hk.predict_dataset((bank,), dataset, P.simulate, P.state_to_output, solver)
+    metrics = hk.compute_metrics(predictions, dataset)
 
     summary = {
         "experiments": size.n_experiments,
@@ -172,12 +174,14 @@ def main() -> None:
             {name: e[name] for name in ("step", "kind", "accepted", "max_change")}
             for e in history.events
         ],
+        "metrics": {name: m._asdict() for name, m in metrics.items()},
         "simulate_traces": simulate.count,
         "wall_time_s": wall,
         "bank_checkpoint": str(out / "bank.json"),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     _summary_table(summary)
+    Console().print(hk.metrics_table(metrics, title="fit metrics (every experiment)"))
     print(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} to {out}/")
     if not any(e["accepted"] for e in history.events):
         raise SystemExit("no transition was committed")

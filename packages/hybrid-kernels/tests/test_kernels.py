@@ -89,6 +89,26 @@ def test_length_fraction_scores_only_the_prefix(setup):
     assert float(setup["score"](start, bp, 0.5)) == pytest.approx(expected, rel=1e-8)
 
 
+def test_length_mask_narrows_the_loss_but_never_the_integration(setup):
+    # The trajectory penalty reads the final state, far past the cutoff at a quarter of the
+    # series: it sees the full-horizon solve, so only the loss was narrowed.
+    bp, start = setup["bp"], setup["start"]
+    full = predict(start, bp, decay_simulate, identity_output, setup["model"].solver)
+    cut = predict(
+        start,
+        bp._replace(ts=bp.ts[:, :2], y_observed=bp.y_observed[:, :2], mask=bp.mask[:, :2]),
+        decay_simulate,
+        identity_output,
+        setup["model"].solver,
+    )
+    horizon, truncated = float(sq_final_state(full, bp)), float(sq_final_state(cut, bp))
+    assert horizon < 0.5 * truncated  # the two readings are far apart: the test can tell
+    charged = setup["score"](start, bp, 0.25, trajectory_penalty_weight=1.0) - setup["score"](
+        start, bp, 0.25
+    )
+    assert float(charged) == pytest.approx(horizon, rel=1e-10)
+
+
 def test_trajectory_penalty_weight_is_a_call_time_override(setup):
     bp, start = setup["bp"], setup["start"]
     plain = setup["score"](start, bp, 1.0)
@@ -176,9 +196,14 @@ def test_penalty_step_returns_the_unweighted_penalty_and_weighted_grads():
     assert float(grads[0].k) == pytest.approx(2.0 * 2 * 0.5)
 
 
-def test_penalty_step_with_zero_weight_reports_zero_and_zero_grads():
-    pen, grads = hk.build_penalty_step(l2, True)(rate(0.5), 0.0)
-    assert float(pen) == 0.0 and float(grads[0].k) == 0.0
+def test_penalty_step_with_zero_weight_reports_the_unweighted_penalty():
+    pen, _ = hk.build_penalty_step(l2, True)(rate(0.5), 0.0)
+    assert float(pen) == pytest.approx(0.25)
+
+
+def test_penalty_step_with_zero_weight_has_zero_grads():
+    _, grads = hk.build_penalty_step(l2, True)(rate(0.5), 0.0)
+    assert float(grads[0].k) == 0.0
 
 
 def test_penalty_step_passes_points_through_to_the_penalty():

@@ -94,6 +94,19 @@ def test_one_trace_per_bucket_shape_and_none_on_a_second_pass(kernels, weak_pred
     assert TRACES["simulate"] == 3
 
 
+@pytest.mark.parametrize("penalty", [None, final_sq], ids=["no_penalty", "penalty"])
+def test_bucket_step_solves_once_with_or_without_a_trajectory_penalty(penalty, weak_predictors):
+    # One `simulate_fn` call per trace is one solve in the compiled program: no penalty adds
+    # no solve, and a penalty reads the solve the loss already made.
+    step = hk.build_bucket_step(
+        counting_simulate, identity, SOLVER, hk.masked_mse, True, penalty, 0.0
+    )
+    (bp,) = dataset([13]).bucket_payloads  # a shape no other test compiles
+    reset()
+    step(weak_predictors, bp, 1.0)
+    assert TRACES["simulate"] == 1
+
+
 def test_new_parameter_values_do_not_retrace(kernels, weak_predictors):
     step, _, _ = kernels
     (bp,) = dataset([4]).bucket_payloads

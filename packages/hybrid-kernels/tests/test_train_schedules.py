@@ -37,6 +37,16 @@ def test_exponential_is_geometric():
     np.testing.assert_allclose([float(s(i)) for i in range(5)], [1, 0.1, 1e-2, 1e-3, 1e-4])
 
 
+def test_exponential_with_default_arguments_decays_two_decades():
+    s = hk.annealing_schedule("exponential", total_epochs=10)
+    assert float(s(0)) == pytest.approx(1.0) and float(s(10)) == pytest.approx(0.01)
+
+
+@pytest.mark.parametrize("kind", ["cosine", "linear", "warmup_cosine"])
+def test_other_kinds_end_at_zero_by_default(kind):
+    assert float(hk.annealing_schedule(kind, total_epochs=10, warmup_epochs=2)(10)) == 0.0
+
+
 def test_constant_is_constant():
     s = hk.annealing_schedule("constant", total_epochs=3, init_value=0.5)
     assert {float(s(i)) for i in range(6)} == {0.5}

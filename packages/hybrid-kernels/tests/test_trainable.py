@@ -78,3 +78,42 @@ def test_freezers_compose_by_chaining(predictors):
 def test_freezers_reject_a_mask_of_another_structure(predictors):
     with pytest.raises(ValueError, match="does not have the structure of `predictors`"):
         hk.freeze_where(hk.trainable_mask(predictors[0]), predictors, lambda x: False)
+
+
+def test_freeze_where_with_an_isinstance_predicate_freezes_whole_modules(predictors):
+    mask = hk.freeze_where(
+        hk.trainable_mask(predictors), predictors, lambda x: isinstance(x, Scale)
+    )
+    assert mask[0].scale.temperature is False
+    assert mask[0].weight and mask[0].bias and mask[1]["rate"]
+
+
+def test_freeze_where_freezes_eqx_layers_by_type():
+    net = eqx.nn.MLP(2, 1, 3, 1, key=jax.random.key(0))
+    mask = hk.freeze_where(
+        hk.trainable_mask(net), net, lambda x: isinstance(x, eqx.nn.Linear) and x.in_features == 2
+    )
+    assert mask.layers[0].weight is False and mask.layers[0].bias is False
+    assert mask.layers[1].weight is True
+
+
+def test_freeze_where_ignores_a_leaf_predicate_that_fails_on_modules():
+    tree = (Scale(jnp.ones((2, 2))), {"bias": jnp.zeros(2)})
+    mask = hk.freeze_where(hk.trainable_mask(tree), tree, lambda x: x.ndim == 2)
+    assert mask[0].temperature is False and mask[1]["bias"] is True
+
+
+def test_freeze_where_propagates_a_predicate_error_raised_on_a_leaf(predictors):
+    with pytest.raises(AttributeError):
+        hk.freeze_where(hk.trainable_mask(predictors), predictors, lambda x: x.no_such_attribute)
+
+
+def test_count_trainable_params_sums_the_sizes_of_trained_arrays(predictors):
+    mask = hk.trainable_mask(predictors)  # weight 4 + bias 2 + temperature 1 + rate 1
+    assert hk.count_trainable_params(predictors, mask) == 8
+    assert hk.count_trainable_params(predictors, hk.freeze_paths(mask, ["0.weight"])) == 4
+
+
+def test_count_trainable_params_rejects_a_mask_of_another_structure(predictors):
+    with pytest.raises(ValueError, match="count_trainable_params: `trainable` does not have"):
+        hk.count_trainable_params(predictors, hk.trainable_mask(predictors[0]))

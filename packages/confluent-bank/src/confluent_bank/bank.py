@@ -167,6 +167,43 @@ class ConfluentPackBank:
         norms_host, active = jax.device_get((norms, self.active))
         return [float(n) for n, on in zip(norms_host, active, strict=True) if on]
 
+    def reinitialise(self, key: Array) -> ConfluentPackBank:
+        """A fresh starting point with the same structure, for restarts and tournaments.
+
+        The slot layout is the model: `active`, `modes`, `orders`, `slot_ids`, `ages`,
+        `transition_version` and the geometric blocks `scales`, `rho`, `directions` and
+        `direction_bias` are kept, so every invariant of the bank (`ρ ≥ 0`, exact zeros from
+        inactive slots, shapes, dtypes, static configuration) still holds. For the active
+        slots only, `centers` and the linear coefficients of each slot's mode are drawn from a
+        standard normal: `weights` (modes 0 and 1), `odd_moments` (mode 1) and the moment row
+        up to the slot's order (mode 2). Inactive slots are untouched.
+
+        hybrid-kernels' `reinitialise` finds this method by name, so a bank inside the
+        predictors of a tournament or a seed ensemble restarts this way.
+
+        **Arguments:**
+
+        - `key`: a JAX random key.
+        """
+        k_center, k_weight, k_odd, k_moment = jax.random.split(key, 4)
+        dtype = self.centers.dtype
+        active, modes = self.active, self.modes
+
+        def draw(k: Array, old: Array, where: Array) -> Array:
+            return jnp.where(where, jax.random.normal(k, old.shape, dtype), old)
+
+        orders_axis = jnp.arange(self.moment_coefficients.shape[1])
+        moment_rows = (active & (modes == 2))[:, None] & (
+            orders_axis[None, :] <= self.orders[:, None]
+        )
+        return dataclasses.replace(
+            self,
+            centers=draw(k_center, self.centers, active),
+            weights=draw(k_weight, self.weights, active & (modes != 2)),
+            odd_moments=draw(k_odd, self.odd_moments, active & (modes == 1)),
+            moment_coefficients=draw(k_moment, self.moment_coefficients, moment_rows),
+        )
+
     def retract(self) -> ConfluentPackBank:
         """A new bank with `rho` projected onto `ρ ≥ 0` (run between optimizer steps)."""
         return dataclasses.replace(self, rho=retract_spread(self.rho))

@@ -24,7 +24,13 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-__all__ = ["BoundScaler", "BoundedPredictor"]
+__all__ = [
+    "BoundScaler",
+    "BoundedPredictor",
+    "soft_clip",
+    "soft_logit",
+    "straight_through_clip",
+]
 
 # Inside [_EDGE, 1 - _EDGE] of the normalised box the inverse squash is exact; beyond it a
 # linear continuation takes over, so inputs on or outside the bounds still get a finite latent
@@ -66,10 +72,72 @@ _WARPS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
     # give the same scaler.
     "log": (jnp.log, jnp.exp),
 }
+# The box itself is warped on the host, in float64, from the static bounds: a jnp call here
+# would be staged under jit/vmap/grad and could not be read back into a constant.
+_HOST_WARPS: dict[str, Callable[[float], float]] = {"linear": float, "log": math.log}
+
+
+def _continued_inverse(squash: _Squash, s: Array, edge: float) -> Array:
+    # Exact inside [edge, 1 - edge], first-order continuation outside: finite and
+    # differentiable for every s, with a slope that never vanishes.
+    s_in = jnp.clip(s, edge, 1 - edge)
+    return squash.inverse(s_in) + squash.inverse_slope(s_in) * (s - s_in)
+
+
+def _check_edge(edge: float) -> float:
+    if not 0 < edge < 0.5:
+        raise ValueError(f"edge must lie in (0, 0.5); got {edge!r}")
+    return float(edge)
+
+
+def soft_logit(s: Float[ArrayLike, ...], *, edge: float = _EDGE) -> Float[Array, ...]:
+    """`logit(s)`, exact on `[edge, 1 - edge]` and linearly continued beyond it.
+
+    The inverse squash `BoundScaler(transform="sigmoid").to_latent` applies to the position in
+    the box: finite for every `s` (0, 1 and values outside `[0, 1]` included), with a positive
+    slope everywhere, so a point on or past a bound still gets a gradient. Same shape as `s`.
+    """
+    return _continued_inverse(_SQUASHES["sigmoid"], jnp.asarray(s), _check_edge(edge))
+
+
+def soft_clip(
+    x: Float[ArrayLike, ...],
+    low: Float[ArrayLike, ...],
+    high: Float[ArrayLike, ...],
+) -> Float[Array, ...]:
+    """A smooth, strictly increasing map of `x` into the open interval `(low, high)`.
+
+    `low + (high - low) * sigmoid(4 * (x - mid) / (high - low))` with `mid` the centre: slope 1
+    at the centre, a bound reached only asymptotically, and a gradient that decays but never
+    vanishes (a hard clip's is zero outside). It is the sigmoid squash of
+    `BoundScaler.from_latent`, rescaled to unit slope. `low`, `high` broadcast against `x`
+    and need `low < high`.
+    """
+    x, low, high = jnp.asarray(x), jnp.asarray(low), jnp.asarray(high)
+    width = high - low
+    return low + width * jax.nn.sigmoid(4 * (x - (low + high) / 2) / width)
+
+
+def straight_through_clip(
+    x: Float[ArrayLike, ...],
+    low: Float[ArrayLike, ...],
+    high: Float[ArrayLike, ...],
+) -> Float[Array, ...]:
+    """`clip(x, low, high)` in the forward pass with the identity's gradient (slope 1).
+
+    For when a value must really lie in the box (a solver input, a table lookup) yet the
+    optimiser should still see which way to move: the clip is hidden from autodiff with
+    `stop_gradient`. (`BoundScaler.to_latent` clips too, then continues linearly past the clip,
+    which `soft_logit` exposes.)
+    """
+    x = jnp.asarray(x)
+    return x + jax.lax.stop_gradient(jnp.clip(x, low, high) - x)
 
 
 def _knee(transform: str) -> float:
-    return float(_SQUASHES[transform].inverse(np.float64(_KNEE_FRACTION)))
+    # A scaler may be built inside a traced function; the knee is a constant all the same.
+    with jax.ensure_compile_time_eval():
+        return float(_SQUASHES[transform].inverse(np.float64(_KNEE_FRACTION)))
 
 
 class BoundScaler(eqx.Module):
@@ -139,9 +207,9 @@ class BoundScaler(eqx.Module):
         return len(self.bounds)
 
     def _warped_box(self, dtype: Any) -> tuple[Array, Array]:
-        forward = _WARPS[self.warp][0]
-        lows = np.asarray([forward(np.float64(lo)) for lo, _ in self.bounds])
-        highs = np.asarray([forward(np.float64(hi)) for _, hi in self.bounds])
+        forward = _HOST_WARPS[self.warp]
+        lows = np.asarray([forward(lo) for lo, _ in self.bounds], dtype=np.float64)
+        highs = np.asarray([forward(hi) for _, hi in self.bounds], dtype=np.float64)
         return jnp.asarray(lows, dtype), jnp.asarray(highs, dtype)
 
     def to_latent(self, x: Float[ArrayLike, "... n"]) -> Float[Array, "... n"]:
@@ -150,10 +218,7 @@ class BoundScaler(eqx.Module):
         dtype = jnp.result_type(x.dtype, self.temperature.dtype, float)
         lo, hi = self._warped_box(dtype)
         s = (_WARPS[self.warp][0](x.astype(dtype)) - lo) / (hi - lo)
-        squash = _SQUASHES[self.transform]
-        s_in = jnp.clip(s, _EDGE, 1 - _EDGE)
-        # Exact inside the box, first-order continuation outside: finite and differentiable.
-        z = squash.inverse(s_in) + squash.inverse_slope(s_in) * (s - s_in)
+        z = _continued_inverse(_SQUASHES[self.transform], s, _EDGE)
         return z * self.temperature.astype(dtype)
 
     def from_latent(self, z: Float[ArrayLike, "... n"]) -> Float[Array, "... n"]:
@@ -169,6 +234,39 @@ class BoundScaler(eqx.Module):
         z = jnp.asarray(z)
         excess = jnp.maximum(jnp.abs(z / self.temperature) - self.z_knee, 0)
         return jnp.mean(excess**2)
+
+    def input_violation(self, x: Float[ArrayLike, "... n"]) -> Float[Array, ""]:
+        """Mean squared distance of physical values `x [..., n]` outside the box, in widths.
+
+        Each component's excess below `low` or above `high` is divided by `high - low` and
+        squared (0 inside the box, so the penalty is continuously differentiable), then
+        averaged over all entries. Its gradient points back into the box. It is measured in
+        physical units whatever the warp, so it stays finite for any `x` (a log warp would be
+        undefined at `x <= 0`). Use it as a trajectory penalty rate for a predictor whose
+        inputs are states: `penalty_rhs = lambda t, y, args: scaler.input_violation(y[:-1])[None]`.
+        """
+        x = jnp.asarray(x)
+        if x.ndim < 1 or x.shape[-1] != self.size:
+            raise ValueError(
+                f"input_violation: x has shape {x.shape}; expected (..., {self.size}), one "
+                "column per bound"
+            )
+        dtype = jnp.result_type(x.dtype, float)
+        box = np.asarray(self.bounds, dtype=np.float64)
+        lo, hi = jnp.asarray(box[:, 0], dtype), jnp.asarray(box[:, 1], dtype)
+        x = x.astype(dtype)
+        below = jnp.maximum(lo - x, 0) / (hi - lo)
+        above = jnp.maximum(x - hi, 0) / (hi - lo)
+        return jnp.mean(below**2 + above**2)
+
+    def reinitialise(self, key: Any) -> BoundScaler:
+        """The scaler unchanged: its bounds and temperature are configuration, not a fit.
+
+        [`reinitialise`][hybrid_kernels.reinitialise] calls this, so the tournament and the
+        ensembles never redraw a temperature (a standard-normal draw can be negative).
+        """
+        del key
+        return self
 
 
 class BoundedPredictor(eqx.Module):

@@ -446,8 +446,11 @@ def split_dataset(
     **Arguments:**
 
     - `dataset`: the dataset to split (it must still hold its source experiments).
-    - `train`, `val`, `test`: fractions in [0, 1] summing to 1. Train and val sizes are floored;
-        the remainder goes to test. A positive fraction that floors to zero experiments raises.
+    - `train`, `val`, `test`: fractions in [0, 1] summing to 1. Each size is
+        `floor(fraction * n)`, and the experiments this leaves over go to the last split, in
+        the order train, val, test, whose fraction is positive (test, unless `test=0`). A zero
+        fraction therefore always gets zero experiments. A positive fraction that still ends
+        with zero experiments raises.
     - `key`: a `jax.random` key for the permutation.
 
     **Returns:** `(train, val, test)`. An empty split has no payloads.
@@ -464,8 +467,9 @@ def split_dataset(
     if not exps:
         raise ValueError("split_dataset: `dataset` holds no experiments to split.")
     n = len(exps)
-    n_train, n_val = math.floor(train * n), math.floor(val * n)
-    n_test = n - n_train - n_val
+    sizes = [math.floor(f * n) for f in fracs.values()]
+    sizes[max(i for i, f in enumerate(fracs.values()) if f > 0)] += n - sum(sizes)
+    n_train, n_val, n_test = sizes
     for name, f, k in (("train", train, n_train), ("val", val, n_val), ("test", test, n_test)):
         if f > 0 and k == 0:
             raise ValueError(

@@ -231,8 +231,9 @@ def _penalty_step(penalty_fn, trainable, predictors, weight, points):
             )
         return weight * pen, pen
 
+    # The value is reported unweighted whatever the weight; at weight 0 the gradient is 0.
     (_, pen), grads = eqx.filter_value_and_grad(f, has_aux=True)(diff)
-    return jnp.where(weight > 0, pen, jnp.zeros_like(pen)), grads
+    return pen, grads
 
 
 @eqx.filter_jit
@@ -344,8 +345,8 @@ def build_penalty_step(
 
     **Returns:** `penalty_step`. `weight` (finite, >= 0) and `points` (a tuple of arrays) are
     traced; a new point shape retraces this small kernel only. It returns the *unweighted*
-    penalty (0 when `weight == 0`) and the gradient of `weight * penalty`, ready to add onto
-    the combined data gradient.
+    penalty, whatever the weight (0 included), and the gradient of `weight * penalty` (zero
+    when `weight == 0`), ready to add onto the combined data gradient.
     """
 
     seen: set = set()

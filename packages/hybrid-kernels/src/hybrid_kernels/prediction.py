@@ -9,7 +9,7 @@ pass stable module-level functions rather than fresh lambdas.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -24,6 +24,7 @@ __all__ = [
     "ChannelMetrics",
     "compute_metrics",
     "ensemble_predictions",
+    "metrics_table",
     "predict_bucket",
     "predict_dataset",
     "predict_dense",
@@ -173,6 +174,39 @@ class ChannelMetrics(NamedTuple):
     rmse: float
     mae: float
     r2: float
+
+
+def metrics_table(
+    metrics: Mapping[str, ChannelMetrics], *, title: str | None = "Fit metrics"
+) -> Any:
+    """`compute_metrics`'s result as a `rich.table.Table`, one row per channel.
+
+    Print it with `rich.print(table)` or `rich.console.Console().print(table)`. NaN (a channel
+    with no measured cell, or constant observations for R²) shows as `-`.
+
+    **Arguments:**
+
+    - `metrics`: `{channel name: ChannelMetrics}`, as returned by `compute_metrics`.
+    - `title`: the caption above the table; `None` for none.
+    """
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("channel")
+    for column in ("n", "MSE", "RMSE", "MAE", "R²"):
+        table.add_column(column, justify="right")
+
+    def cell(x: float) -> str:
+        return "-" if not np.isfinite(x) else f"{x:.4g}"
+
+    for name, m in metrics.items():
+        if not isinstance(m, ChannelMetrics):
+            raise TypeError(
+                f"metrics_table: metrics[{name!r}] must be a ChannelMetrics (the output of "
+                f"compute_metrics); got {type(m).__name__}"
+            )
+        table.add_row(name, str(m.n), cell(m.mse), cell(m.rmse), cell(m.mae), cell(m.r2))
+    return table
 
 
 def compute_metrics(

@@ -5,6 +5,8 @@
   stopping, best-step restore, safe steps, validation, hooks, checkpoints and resume.
 - Progress: [`TrainingUI`][hybrid_kernels.TrainingUI] and its implementations.
 - [`TrainingState`][hybrid_kernels.TrainingState] and its atomic file format.
+- Run directories ([`save_run`][hybrid_kernels.save_run] /
+  [`load_run`][hybrid_kernels.load_run]).
 - Ensembles, [`annealing_schedule`][hybrid_kernels.annealing_schedule] and two plots.
 """
 
@@ -14,6 +16,7 @@ from hybrid_kernels.training.history import LossHistory, NonFiniteTrainingError
 from hybrid_kernels.training.hooks import BetweenStepsHook
 from hybrid_kernels.training.plotting import plot_fit, plot_history
 from hybrid_kernels.training.reinit import fold_key, reinitialise
+from hybrid_kernels.training.run_dir import SavedRun, load_run, save_run
 from hybrid_kernels.training.schedules import annealing_schedule
 from hybrid_kernels.training.state import (
     TrainingState,
@@ -39,16 +42,19 @@ __all__ = [
     "OptaxTrainingConfig",
     "RecordingUI",
     "RichUI",
+    "SavedRun",
     "SilentUI",
     "TrainingState",
     "TrainingUI",
     "annealing_schedule",
     "default_ui",
     "fold_key",
+    "load_run",
     "load_training_state",
     "plot_fit",
     "plot_history",
     "reinitialise",
+    "save_run",
     "save_training_state",
     "train_bootstrap_ensemble",
     "train_seed_ensemble",

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,26 @@ def _count(name: str, value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{where}: {name} must be an integer >= 1; got {value!r}")
     return value
+
+
+def _rank(
+    members: list[tuple[float, Any]], names: list[str], where: str, ui: TrainingUI
+) -> list[tuple[float, Any]]:
+    """Members best first; a non-finite final loss ranks after every finite one, and is reported.
+
+    A bare sort on the loss is wrong here: NaN compares false both ways, so a diverged member
+    could come first.
+    """
+    bad = [n for (loss, _), n in zip(members, names, strict=True) if not math.isfinite(loss)]
+    if bad:
+        text = (
+            f"{where}: {len(bad)} of {len(members)} members ended with a non-finite loss "
+            f"({', '.join(bad)}); they rank last"
+        )
+        ui.on_message(text=text)
+        warnings.warn(text, RuntimeWarning, stacklevel=3)
+    # A stable sort: ties and the non-finite members keep their training order.
+    return sorted(members, key=lambda m: (0, m[0]) if math.isfinite(m[0]) else (1, 0.0))
 
 
 def _select_seeds(
@@ -102,7 +124,8 @@ def train_seed_ensemble(
     - `k_best`: how many to train fully, in `[1, n_seeds]`; `None` trains all.
 
     **Returns:** `[(final_loss, predictors)]` sorted by `final_loss` ascending; `final_loss`
-    labels the returned parameters (the best-step loss with `restore_best`).
+    labels the returned parameters (the best-step loss with `restore_best`). Members with a
+    non-finite final loss come last and are reported (a `RuntimeWarning` and a UI message).
     """
     where = "train_seed_ensemble"
     _count("n_seeds", n_seeds, where)
@@ -127,7 +150,7 @@ def train_seed_ensemble(
         key=fold_key(key, "seed_ensemble"),
         ui=ui,
     )
-    members = []
+    members, names = [], []
     for i, (_, start) in enumerate(ranked):
         result = train_member(
             start,
@@ -136,9 +159,9 @@ def train_seed_ensemble(
             key=fold_key(key, f"seed_member_{i}"),
             val_dataset=val_dataset,
         )
-        members.append((result.final_loss, result.predictors))
-    members.sort(key=lambda m: m[0])
-    return members
+        members.append((float(result.final_loss), result.predictors))
+        names.append(f"seed member {i}")
+    return _rank(members, names, where, ui)
 
 
 def train_bootstrap_ensemble(
@@ -170,7 +193,9 @@ def train_bootstrap_ensemble(
     - `k_best`: keep the best `k_best` members overall; `None` keeps all.
 
     **Returns:** `[(final_loss, predictors)]` sorted by `final_loss` ascending. Each loss is
-    measured on the member's own resample.
+    measured on the member's own resample. Members with a non-finite final loss come last, so
+    `k_best` keeps them only when too few finite members exist, and are reported (a
+    `RuntimeWarning` and a UI message).
     """
     where = "train_bootstrap_ensemble"
     _count("n_bootstraps", n_bootstraps, where)
@@ -186,7 +211,7 @@ def train_bootstrap_ensemble(
     train_member = functools.partial(
         run_training, **model, trainable=trainable, ui=ui, hooks=None, tournament=False, where=where
     )
-    members = []
+    members, names = [], []
     for s in range(n_bootstraps):
         boot = make_bootstrap_dataset(dataset, key=fold_key(key, f"bootstrap_{s}"))
         start = predictors
@@ -208,6 +233,7 @@ def train_bootstrap_ensemble(
             key=fold_key(key, f"bootstrap_member_{s}"),
             val_dataset=None,
         )
-        members.append((result.final_loss, result.predictors))
-    members.sort(key=lambda m: m[0])
+        members.append((float(result.final_loss), result.predictors))
+        names.append(f"bootstrap member {s}")
+    members = _rank(members, names, where, ui)
     return members if k_best is None else members[:k_best]

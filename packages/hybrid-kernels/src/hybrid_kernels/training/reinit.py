@@ -22,7 +22,10 @@ def fold_key(key: Any, name: str) -> Any:
 
 
 def _has_own_reinit(node: Any) -> bool:
-    return isinstance(node, eqx.Module) and callable(getattr(node, "reinitialise", None))
+    # Duck-typed, so a pytree class from another package (a confluent-bank bank, which is not
+    # an equinox module) can say how it starts afresh without either package importing the
+    # other.
+    return not isinstance(node, jax.Array | type) and callable(getattr(node, "reinitialise", None))
 
 
 def _draw(key: Any, leaf: Any) -> Any:
@@ -37,10 +40,13 @@ def _draw(key: Any, leaf: Any) -> Any:
 def reinitialise(predictors: Any, trainable: Any, key: Any) -> Any:
     """New values for the trainable leaves of `predictors`; frozen leaves and buffers stay.
 
-    A module with a `reinitialise(key) -> module` method re-initialises itself (its frozen
-    leaves are still restored afterwards). Every other trainable floating leaf is drawn
-    afresh: matrices uniformly in `±1/sqrt(fan_in)`, smaller leaves from a standard normal.
-    One subkey per module or leaf, in traversal order, so identical siblings differ.
+    A node with a `reinitialise(key) -> node` method (any pytree node: an equinox module or,
+    duck-typed, another package's class) re-initialises itself, keeping its own invariants;
+    its frozen leaves are still restored afterwards. A `BoundScaler` keeps its bounds and
+    temperature; a confluent-bank bank keeps its slot structure. Every other trainable
+    floating leaf is drawn afresh: matrices uniformly in `±1/sqrt(fan_in)`, smaller leaves
+    from a standard normal. One subkey per module or leaf, in traversal order, so identical
+    siblings differ.
 
     **Arguments:**
 

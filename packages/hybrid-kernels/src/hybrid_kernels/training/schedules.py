@@ -16,6 +16,8 @@ import optax
 __all__ = ["ANNEALING_KINDS", "annealing_schedule"]
 
 ANNEALING_KINDS = ("constant", "cosine", "exponential", "linear", "warmup_cosine")
+# A geometric decay cannot reach 0; by default it falls two decades.
+_EXPONENTIAL_END_FRACTION = 1e-2
 
 
 def annealing_schedule(
@@ -23,7 +25,7 @@ def annealing_schedule(
     *,
     total_epochs: int,
     init_value: float = 1.0,
-    end_value: float = 0.0,
+    end_value: float | None = None,
     warmup_epochs: int = 0,
 ) -> optax.Schedule:
     """Return `schedule(step) -> multiplier` that runs from `init_value` to `end_value`.
@@ -39,7 +41,8 @@ def annealing_schedule(
         `init_value` over `warmup_epochs`, then cosine-decays) or `"constant"`.
     - `total_epochs`: the number of steps the schedule spans, at least 1.
     - `init_value`: the value at step 0 (the peak for `"warmup_cosine"`), finite and positive.
-    - `end_value`: the value from `total_epochs` on, in `[0, init_value]`.
+    - `end_value`: the value from `total_epochs` on, in `[0, init_value]`. `None` (default)
+        means 0, except for `"exponential"`, where it means `init_value / 100`.
     - `warmup_epochs`: `"warmup_cosine"` only; in `[0, total_epochs)`.
 
     **Returns:** an `optax.Schedule`.
@@ -54,6 +57,8 @@ def annealing_schedule(
         raise ValueError(
             f"annealing_schedule: init_value must be finite and positive; got {init_value}"
         )
+    if end_value is None:
+        end_value = init_value * _EXPONENTIAL_END_FRACTION if kind == "exponential" else 0.0
     if not 0.0 <= end_value <= init_value:
         raise ValueError(
             f"annealing_schedule: end_value={end_value} must lie in [0, init_value={init_value}]"

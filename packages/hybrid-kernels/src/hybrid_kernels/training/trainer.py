@@ -52,7 +52,8 @@ class RunResult(NamedTuple):
 
 
 def resolve_trainable(predictors: Any, trainable: Any) -> Any:
-    """A boolean mask over `predictors`: `None` is every floating array, a function a filter."""
+    """A boolean mask over `predictors`: `None` is `trainable_mask(predictors)`, a function a
+    filter."""
     if trainable is None:
         return trainable_mask(predictors)
     if isinstance(trainable, types.FunctionType | types.BuiltinFunctionType | functools.partial):
@@ -245,7 +246,8 @@ def train_with_optax(
     - `simulate_fn`: `(predictors, ts [T], covariates, y0 [S], solver) -> [T, S]`.
     - `state_to_output`: `[T, S] -> [T, D]`.
     - `solver`: a [`SolverConfig`][hybrid_kernels.SolverConfig].
-    - `trainable`: a boolean mask over `predictors`; `None` trains every floating array leaf.
+    - `trainable`: a boolean mask over `predictors`; `None` trains every floating array leaf
+        outside a `BoundScaler` (`trainable_mask(predictors)`).
     - `key`: a JAX random key (required; it seeds the tournament).
     - `ui`: a [`TrainingUI`][hybrid_kernels.TrainingUI]; `None` picks one from
         `config.verbose`.

@@ -1,0 +1,371 @@
+"""Run directories: everything a modeller keeps to reproduce or resume a fit, in one folder.
+
+```
+run/
+  run.json              format, version, package versions, solver, config, history, leaves
+  predictors.eqx        save_predictors
+  training_state.npz    save_training_state (only when a state was given)
+```
+
+The folder is written beside its destination under a temporary name and renamed into place,
+so an interrupted save leaves either the previous run or none, never half of one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import tempfile
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.tree_util as jtu
+import numpy as np
+import optax
+
+from hybrid_kernels.__about__ import __version__
+from hybrid_kernels.serialise import load_predictors, save_predictors
+from hybrid_kernels.solver import SolverConfig
+from hybrid_kernels.trainable import count_trainable_params, path_str
+from hybrid_kernels.training.config import OptaxTrainingConfig
+from hybrid_kernels.training.history import LossHistory
+from hybrid_kernels.training.state import TrainingState, load_training_state, save_training_state
+
+__all__ = ["SavedRun", "load_run", "save_run"]
+
+_FORMAT = "hybrid_kernels.run"
+_VERSION = 1
+_MANIFEST = "run.json"
+_PREDICTORS = "predictors.eqx"
+_STATE = "training_state.npz"
+_TUPLE = "__tuple__"  # JSON has no tuples; a tagged list brings them back as tuples
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedRun:
+    """What [`load_run`][hybrid_kernels.load_run] reads back from a run directory.
+
+    **Attributes:**
+
+    - `predictors`: the trained predictors, in the shape of the template.
+    - `solver`: the [`SolverConfig`][hybrid_kernels.SolverConfig].
+    - `config`: the [`OptaxTrainingConfig`][hybrid_kernels.OptaxTrainingConfig], rebuilt when
+        every field is plain data; `None` when it held callables (a loss, a penalty, a ready
+        optimiser), which a file cannot hold: rebuild it in code and compare with `config_fields`.
+    - `config_fields`: the configuration as saved, field by field (callables by name).
+    - `history`: the [`LossHistory`][hybrid_kernels.LossHistory], every attribute restored.
+    - `state`: the saved [`TrainingState`][hybrid_kernels.TrainingState] (with the optimiser
+        state) when there is one and an `opt_state` template was given; else `None`.
+    - `metadata`: package versions, the per-leaf descriptions and the user's metadata.
+    """
+
+    predictors: Any
+    solver: SolverConfig
+    config: OptaxTrainingConfig | None
+    config_fields: dict[str, Any]
+    history: LossHistory
+    state: TrainingState | None
+    metadata: dict[str, Any]
+
+
+def _to_json(value: Any) -> Any:
+    """Plain data with tuples tagged; raises `TypeError` for anything else."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, np.generic | np.ndarray | jax.Array) and np.ndim(value) == 0:
+        return np.asarray(value).item()
+    if isinstance(value, tuple):
+        return {_TUPLE: [_to_json(v) for v in value]}
+    if isinstance(value, list):
+        return [_to_json(v) for v in value]
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        return {k: _to_json(v) for k, v in value.items()}
+    raise TypeError(f"{type(value).__name__} is not JSON data")
+
+
+def _from_json(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    if isinstance(value, dict):
+        if set(value) == {_TUPLE}:
+            return tuple(_from_json(v) for v in value[_TUPLE])
+        return {k: _from_json(v) for k, v in value.items()}
+    return value
+
+
+def _history_to_json(history: LossHistory) -> dict[str, Any]:
+    # Every attribute, generically: a field added to LossHistory later round-trips unchanged.
+    attributes, skipped = {}, []
+    for name, value in vars(history).items():
+        try:
+            attributes[name] = _to_json(value)
+        except TypeError:
+            skipped.append(name)
+    if skipped:
+        warnings.warn(
+            f"save_run: history attribute(s) {skipped} are not JSON data (numbers, strings, "
+            "lists, tuples, dicts) and were not saved",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return {"values": [float(v) for v in history], "attributes": attributes}
+
+
+def _history_from_json(data: dict[str, Any]) -> LossHistory:
+    history = LossHistory(data["values"])
+    for name, value in data["attributes"].items():
+        setattr(history, name, _from_json(value))
+    return history
+
+
+def _config_field(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return {_TUPLE: [_config_field(v) for v in value]}
+    if isinstance(value, optax.GradientTransformation):
+        return {"callable": "optax.GradientTransformation"}
+    if callable(value):
+        return {"callable": getattr(value, "__qualname__", type(value).__name__)}
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if hasattr(value, "shape"):
+        return {"array": np.asarray(value).tolist()}
+    return _to_json(value)
+
+
+def _has_callable(value: Any) -> bool:
+    if isinstance(value, dict):
+        return "callable" in value or any(_has_callable(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_callable(v) for v in value)
+    return False
+
+
+def _rebuild_field(value: Any) -> Any:
+    if isinstance(value, dict) and set(value) == {"array"}:
+        return np.asarray(value["array"])
+    if isinstance(value, dict) and set(value) == {_TUPLE}:
+        return tuple(_rebuild_field(v) for v in value[_TUPLE])
+    return value
+
+
+def _rebuild_config(fields: dict[str, Any]) -> OptaxTrainingConfig | None:
+    if _has_callable(fields):
+        return None
+    return OptaxTrainingConfig(**{k: _rebuild_field(v) for k, v in fields.items()})
+
+
+def _versions() -> dict[str, str]:
+    found = {"hybrid_kernels": __version__, "python": platform.python_version()}
+    for dist in ("jax", "jaxlib", "equinox", "optax", "diffrax", "numpy"):
+        try:
+            found[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            found[dist] = "not installed"
+    return found
+
+
+def _describe_leaves(predictors: Any, trainable: Any) -> list[dict[str, Any]]:
+    leaves = jtu.tree_flatten_with_path(predictors)[0]
+    flags = [None] * len(leaves) if trainable is None else jax.tree.leaves(trainable)
+    described = []
+    for (path, leaf), train in zip(leaves, flags, strict=True):
+        entry: dict[str, Any] = {"path": path_str(path)}
+        if eqx.is_array(leaf):
+            entry |= {"shape": list(leaf.shape), "dtype": str(leaf.dtype)}
+        else:
+            entry["type"] = type(leaf).__name__
+        if train is not None:
+            entry["trainable"] = bool(train)
+        described.append(entry)
+    return described
+
+
+def save_run(
+    path: str | os.PathLike[str],
+    predictors: Any,
+    *,
+    solver: SolverConfig,
+    config: OptaxTrainingConfig,
+    history: LossHistory | None = None,
+    state: TrainingState | None = None,
+    trainable: Any = None,
+    metadata: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write a run directory: predictors, solver, config, history, optimiser state, metadata.
+
+    **Arguments:**
+
+    - `path`: the directory to create; its parent must exist.
+    - `predictors`: the trained predictors (saved with
+        [`save_predictors`][hybrid_kernels.save_predictors]).
+    - `solver`: the [`SolverConfig`][hybrid_kernels.SolverConfig] of the fit.
+    - `config`: the [`OptaxTrainingConfig`][hybrid_kernels.OptaxTrainingConfig] of the fit.
+    - `history`: the [`LossHistory`][hybrid_kernels.LossHistory] `train_with_optax` returned;
+        every attribute that is JSON data is kept, so new ones need no change here.
+    - `state`: a [`TrainingState`][hybrid_kernels.TrainingState] holding the optimiser state
+        (for example read back from `config.checkpoint_path`), saved with
+        [`save_training_state`][hybrid_kernels.save_training_state] for a later resume.
+    - `trainable`: the mask of the fit; recorded per leaf and as a parameter count.
+    - `metadata`: extra JSON-serialisable information (a dataset name, a seed...).
+    - `overwrite`: replace an existing run directory at `path` (never another folder).
+
+    **Returns:** the path written.
+
+    **Raises:** `ValueError` for a missing parent, an existing `path` without `overwrite`, or
+    an existing `path` that is not a run directory; `TypeError` for a wrong argument type or
+    metadata that is not JSON data.
+    """
+    path = Path(path)
+    if not isinstance(solver, SolverConfig):
+        raise TypeError(f"save_run: solver must be a SolverConfig; got {type(solver).__name__}")
+    if not isinstance(config, OptaxTrainingConfig):
+        raise TypeError(
+            f"save_run: config must be an OptaxTrainingConfig; got {type(config).__name__}"
+        )
+    if state is not None and not isinstance(state, TrainingState):
+        raise TypeError(f"save_run: state must be a TrainingState; got {type(state).__name__}")
+    if not path.parent.is_dir():
+        raise ValueError(f"save_run: the parent directory of {str(path)!r} does not exist")
+    if path.exists():
+        if not overwrite:
+            raise ValueError(f"save_run: {str(path)!r} exists; pass overwrite=True to replace it")
+        if not (path / _MANIFEST).is_file():
+            raise ValueError(
+                f"save_run: {str(path)!r} exists and is not a run directory; refusing to replace it"
+            )
+    try:
+        user = _to_json(dict(metadata or {}))
+    except TypeError as err:
+        raise TypeError(f"save_run: metadata must be JSON data: {err}") from None
+    history = LossHistory() if history is None else history
+    manifest = {
+        "format": _FORMAT,
+        "version": _VERSION,
+        "versions": _versions(),
+        "solver": solver.to_dict(),
+        "config": {
+            f.name: _config_field(getattr(config, f.name)) for f in dataclasses.fields(config)
+        },
+        "config_fingerprint": config.fingerprint(),
+        "history": _history_to_json(history),
+        "leaves": _describe_leaves(predictors, trainable),
+        "n_trainable_params": (
+            None if trainable is None else count_trainable_params(predictors, trainable)
+        ),
+        "files": {"predictors": _PREDICTORS, "state": None if state is None else _STATE},
+        "metadata": user,
+    }
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        save_predictors(staging / _PREDICTORS, predictors)
+        if state is not None:
+            save_training_state(staging / _STATE, state)
+        with open(staging / _MANIFEST, "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        _swap_into_place(staging, path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return path
+
+
+def _swap_into_place(staging: Path, path: Path) -> None:
+    # A directory cannot be renamed over a non-empty one: move the old run aside first, so at
+    # every moment `path` is either the old complete run or the new one.
+    old = None
+    if path.exists():
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        os.replace(path, old)
+    try:
+        os.replace(staging, path)
+    except BaseException:
+        if old is not None:
+            os.replace(old, path)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    if not path.is_dir():
+        raise ValueError(f"load_run: {str(path)!r} is not a directory")
+    try:
+        manifest = json.loads((path / _MANIFEST).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"load_run: {str(path)!r} holds no {_MANIFEST}; not a run") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"load_run: {str(path / _MANIFEST)!r} is damaged: {err}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
+        raise ValueError(f"load_run: {str(path / _MANIFEST)!r} is not a run manifest")
+    if manifest.get("version") != _VERSION:
+        raise ValueError(
+            f"load_run: {str(path)!r} has run format version {manifest.get('version')!r}; "
+            f"this hybrid_kernels reads version {_VERSION}"
+        )
+    missing = [k for k in ("solver", "config", "history", "leaves", "files") if k not in manifest]
+    if missing:
+        raise ValueError(f"load_run: {str(path / _MANIFEST)!r} lacks {missing}")
+    for name in manifest["files"].values():
+        if name is not None and not (path / name).is_file():
+            raise ValueError(f"load_run: {str(path)!r} lacks its file {name!r}")
+    return manifest
+
+
+def load_run(path: str | os.PathLike[str], template: Any, *, opt_state: Any = None) -> SavedRun:
+    """Read a run directory written by [`save_run`][hybrid_kernels.save_run].
+
+    **Arguments:**
+
+    - `path`: the run directory.
+    - `template`: predictors built the same way as the saved ones (as for
+        [`load_predictors`][hybrid_kernels.load_predictors]).
+    - `opt_state`: a template of the optimiser state (for example
+        `optimizer.init(eqx.filter(template, trainable))`); needed to read a saved training
+        state, which is skipped without it.
+
+    **Returns:** a [`SavedRun`][hybrid_kernels.SavedRun].
+
+    **Raises:** `ValueError` when `path` is not a run directory, has another format version,
+    lacks a file, or does not match the templates.
+    """
+    path = Path(path)
+    manifest = _read_manifest(path)
+    predictors = load_predictors(path / manifest["files"]["predictors"], template)
+    state = None
+    if manifest["files"]["state"] is not None and opt_state is not None:
+        state = load_training_state(
+            path / manifest["files"]["state"], predictors=template, opt_state=opt_state
+        )
+    try:
+        solver = SolverConfig.from_dict(manifest["solver"])
+        config = _rebuild_config(manifest["config"])
+        history = _history_from_json(manifest["history"])
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"load_run: {str(path / _MANIFEST)!r} is damaged: {err!r}") from None
+    metadata = {
+        "versions": manifest.get("versions", {}),
+        "leaves": manifest["leaves"],
+        "n_trainable_params": manifest.get("n_trainable_params"),
+        "config_fingerprint": manifest.get("config_fingerprint"),
+        "user": _from_json(manifest.get("metadata", {})),
+    }
+    return SavedRun(
+        predictors=predictors,
+        solver=solver,
+        config=config,
+        config_fields=_from_json(manifest["config"]),
+        history=history,
+        state=state,
+        metadata=metadata,
+    )
