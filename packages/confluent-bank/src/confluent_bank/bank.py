@@ -9,6 +9,7 @@ capacity `P`: compile time is independent of `max_packs`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,7 @@ from confluent_bank._host import (
     snapshot_from_host,
 )
 from confluent_bank.activations import get_activation, sigma_tower_rows
-from confluent_bank.atoms import _moment_sum, _pair_terms, retract_spread
+from confluent_bank.atoms import _moment_sum, _pair_limit, _pair_terms, retract_spread
 from confluent_bank.records import RefinedPack
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ __all__ = [
 
 _BASES = ("sigmoid", "tanh")
 _PAIR_TOWER_HEIGHT = 11  # the centred-pair series needs rows 0..2T−1 with T = 6
+_LOW_ORDER = 3  # the short tower of the cheap ordinary branch
 
 
 @jax.tree_util.register_pytree_with_keys_class
@@ -313,27 +315,54 @@ def bank_slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
     return _slot_terms(bank, jnp.asarray(z))
 
 
-@jax.jit
-def _slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
-    spec = get_activation(bank.base)
-    order = bank.max_order
-    height = max(order, _PAIR_TOWER_HEIGHT)
+def _ordinary_heights(max_order: int) -> tuple[int, ...]:
+    # The tower heights of the cheap branches: order-0 slots need the activation only, low orders
+    # a short tower; every bank also keeps the full branch (height max(N, 11), pairs, moments).
+    return tuple(sorted({0, min(max_order, _LOW_ORDER), max_order}))
+
+
+def _branch(bank: ConfluentPackBank, heights: tuple[int, ...]) -> Array:
+    """Index of the cheapest branch that computes every active slot exactly (a traced int)."""
+    simple = jnp.all(~bank.active | (bank.modes == 0))
+    top = jnp.max(jnp.where(bank.active, bank.orders, jnp.zeros_like(bank.orders)))
+    ordinary = jnp.sum(jnp.asarray(heights) < top)  # the first height >= top; len(heights) if none
+    return jnp.where(simple, ordinary, len(heights))
+
+
+def _argument(bank: ConfluentPackBank, z: Array) -> Array:
     per_slot = (slice(None),) + (None,) * z.ndim  # (P,) -> (P, 1, ..., 1)
+    return bank.scales[per_slot] * (z - bank.centers[per_slot])
 
-    scales = bank.scales[per_slot]
-    argument = scales * (z - bank.centers[per_slot])
-    # One tower for all slots, as K + 1 rows of shape (P, *z.shape). Every combination below is
-    # elementwise over (P, *z.shape) with loops only over orders and series terms, so the traced
-    # program is independent of P and XLA fuses the slot computation and its gradient.
-    tower = sigma_tower_rows(spec, argument, height)
 
-    # Ordinary atoms: w · s^n · σ^(n)(u), n selected per slot by masks over 0..N (an order
-    # outside 0..N gives 0, as in the reference).
+def _ordinary(bank: ConfluentPackBank, z: Array, tower: Sequence[Array], height: int) -> Array:
+    # w · s^n · σ^(n)(u), n selected per slot by masks over 0..height (an order outside gives 0,
+    # as in the reference).
+    per_slot = (slice(None),) + (None,) * z.ndim
     ordinary = jnp.zeros_like(tower[0])
-    for k in range(order + 1):
+    for k in range(height + 1):
         value = (bank.weights * bank.scales**k)[per_slot] * tower[k]
         selected = (bank.orders == k)[per_slot]
         ordinary = ordinary + jnp.where(selected, value, jnp.zeros_like(value))
+    return ordinary
+
+
+def _ordinary_terms(bank: ConfluentPackBank, z: Array, *, height: int) -> Array:
+    """The cheap branch: every active slot is ordinary with an order `<= height`."""
+    tower = sigma_tower_rows(get_activation(bank.base), _argument(bank, z), height)
+    return _ordinary(bank, z, tower, height)
+
+
+def _all_terms(bank: ConfluentPackBank, z: Array) -> Array:
+    """The full branch: ordinary, centred-pair and moment terms, selected by mode."""
+    spec = get_activation(bank.base)
+    order = bank.max_order
+    per_slot = (slice(None),) + (None,) * z.ndim
+    argument = _argument(bank, z)
+    # One tower for all slots, as K + 1 rows of shape (P, *z.shape). Every combination below is
+    # elementwise over (P, *z.shape) with loops only over orders and series terms, so the traced
+    # program is independent of P and XLA fuses the slot computation and its gradient.
+    tower = sigma_tower_rows(spec, argument, max(order, _PAIR_TOWER_HEIGHT))
+    ordinary = _ordinary(bank, z, tower, order)
 
     eta = bank.directions[per_slot] * z + bank.direction_bias[per_slot]
     first, second = _pair_terms(bank.base, argument, bank.rho[per_slot], eta, tower)
@@ -343,7 +372,51 @@ def _slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
     moments = _moment_sum(rows, tower)
 
     modes = bank.modes[per_slot]
-    value = jnp.where(modes == 0, ordinary, jnp.where(modes == 1, pair, moments))
+    return jnp.where(modes == 0, ordinary, jnp.where(modes == 1, pair, moments))
+
+
+def _limits(bank: ConfluentPackBank, direction: float) -> tuple[Array, Array]:
+    """Every slot's term as `z → direction·∞`, shape `(P,)`, and where it replaces the value
+    computed at the stand-in `z = 0` (slots with `s = 0` do not depend on `z`, unless they are a
+    pair whose `η` grows)."""
+    spec = get_activation(bank.base)
+    s, v = bank.scales, bank.directions
+    infinity = jnp.asarray(direction * np.inf, dtype=s.dtype)
+    # For s ≠ 0 every row σ^(k)(±∞) with k ≥ 1 is 0: only order-0 and moment row 0 survive.
+    edge = spec.forward(jnp.where(s > 0, infinity, -infinity))
+    ordinary = jnp.where(bank.orders == 0, bank.weights * edge, jnp.zeros_like(edge))
+    moments = bank.moment_coefficients[:, 0] * edge
+    first, second = _pair_limit(
+        spec, direction, s, bank.centers, bank.rho, v, bank.direction_bias
+    )
+    pair = bank.weights * first + bank.odd_moments * second
+    # s = 0, ρ = 0, v ≠ 0: B = η σ'(0) grows without bound; comparisons only, so no gradient
+    # meets the infinity.
+    m1 = bank.odd_moments
+    divergent = (s == 0) & (retract_spread(bank.rho) == 0) & (v != 0) & (m1 != 0)
+    pair = jnp.where(divergent, jnp.where(m1 * v * direction > 0, infinity, -infinity), pair)
+    value = jnp.where(bank.modes == 0, ordinary, jnp.where(bank.modes == 1, pair, moments))
+    replaced = (s != 0) | ((bank.modes == 1) & (v != 0))
+    return value, replaced
+
+
+@jax.jit
+def _slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
+    per_slot = (slice(None),) + (None,) * z.ndim
+    # Every branch sees finite inputs: at z = ±∞ the formulas meet 0·∞ (in η = v·z + d and in
+    # ∂u/∂s = z − c), which would poison values and gradients. The limits replace them below.
+    infinite = jnp.isinf(z)
+    finite = jnp.where(infinite, jnp.zeros_like(z), z)
+    # The branch is chosen at run time from the traced metadata, so commits never recompile; a
+    # simple bank skips the high tower rows, the pair and the moments.
+    heights = _ordinary_heights(bank.max_order)
+    branches = [functools.partial(_ordinary_terms, height=h) for h in heights]
+    branches = [jax.checkpoint(branch) for branch in (*branches, _all_terms)]
+    value = jax.lax.switch(_branch(bank, heights), branches, bank, finite)
+    for direction in (1.0, -1.0):
+        limit, replaced = _limits(bank, direction)
+        at_limit = (z == direction * np.inf) & replaced[per_slot]
+        value = jnp.where(at_limit, limit[per_slot], value)
     return jnp.where(bank.active[per_slot], value, jnp.zeros_like(value))
 
 
