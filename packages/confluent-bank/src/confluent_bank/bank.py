@@ -27,7 +27,7 @@ from confluent_bank._host import (
     read_host_state,
     snapshot_from_host,
 )
-from confluent_bank.activations import get_activation, sigma_tower_rows
+from confluent_bank.activations import _finite_tower_order, get_activation, sigma_tower_rows
 from confluent_bank.atoms import _moment_sum, _pair_limit, _pair_terms, retract_spread
 from confluent_bank.records import RefinedPack
 
@@ -46,6 +46,7 @@ __all__ = [
 _BASES = ("sigmoid", "tanh")
 _PAIR_TOWER_HEIGHT = 11  # the centred-pair series needs rows 0..2T−1 with T = 6
 _LOW_ORDER = 3  # the short tower of the cheap ordinary branch
+_DERIVATIVE_HEADROOM = 4  # nested derivatives of the forward that stay within the tower limit
 
 
 @jax.tree_util.register_pytree_with_keys_class
@@ -238,12 +239,16 @@ def init_confluent_bank(
     - `packs`: a sequence of `RefinedPack` (ordinary atoms), at most `max_packs`.
     - `max_packs`: capacity `P ≥ 1` (default 16).
     - `max_order`: highest ordinary order `N ≥ 0`; moment rows have `N + 1` entries (default 8).
+      At most 155 (sigmoid) / 158 (tanh) in float64 and 26 / 27 in float32: above, the tower's
+      Riccati coefficients overflow the dtype within four nested derivatives of the forward.
     - `base`: `"sigmoid"` or `"tanh"`.
     - `dtype`: real floating dtype of the trainable blocks; `None` gives JAX's default float
       (float64 with x64 enabled). Metadata uses JAX's default integer.
 
-    Raises `ValueError` for a bad base, capacity or order, too many packs, or a pack order above
-    `max_order`.
+    Raises `ValueError` for a bad base, capacity or order, a `max_order` above the dtype's limit,
+    too many packs, a pack order above `max_order`, and a pack value that the cast to `dtype`
+    makes non-finite (a centre of 1e300 in float32), a scale it rounds to 0, or an age that does
+    not fit the metadata integer; the message names the slot and the field.
     """
     max_packs = _index(max_packs, "max_packs")
     max_order = _index(max_order, "max_order")
@@ -262,19 +267,20 @@ def init_confluent_bank(
             f"{len(live)} packs with orders {[p.order for p in live]} for max_packs={max_packs},"
             f" max_order={max_order}"
         )
-    centers = np.zeros(max_packs)
-    weights = np.zeros(max_packs)
-    scales = np.ones(max_packs)
-    orders = np.zeros(max_packs, dtype=np.int64)
-    ages = np.zeros(max_packs, dtype=np.int64)
-    active = np.zeros(max_packs, dtype=bool)
-    for i, pack in enumerate(live):
-        centers[i], weights[i], scales[i] = pack.center, pack.weight, pack.scale
-        orders[i], ages[i], active[i] = pack.order, pack.age, True
     float_dtype = jnp.asarray(0.0, dtype=dtype).dtype
     if not jnp.issubdtype(float_dtype, jnp.floating):
         raise ValueError(f"dtype must be a real floating dtype, got {float_dtype}")
     int_dtype = jnp.asarray(0).dtype
+    _check_tower_order(max_order, base, float_dtype)
+    centers = np.zeros(max_packs, dtype=float_dtype)
+    weights = np.zeros(max_packs, dtype=float_dtype)
+    scales = np.ones(max_packs, dtype=float_dtype)
+    orders = np.zeros(max_packs, dtype=int_dtype)
+    ages = np.zeros(max_packs, dtype=int_dtype)
+    active = np.zeros(max_packs, dtype=bool)
+    for i, pack in enumerate(live):
+        centers[i], weights[i], scales[i] = _cast_pack(pack, i, float_dtype)
+        orders[i], ages[i], active[i] = pack.order, _cast_age(pack, i, int_dtype), True
     host = {
         "centers": centers,
         "weights": weights,
@@ -287,8 +293,8 @@ def init_confluent_bank(
     }
     host = {name: value.astype(float_dtype) for name, value in host.items()}
     host |= {
-        "orders": orders.astype(int_dtype),
-        "ages": ages.astype(int_dtype),
+        "orders": orders,
+        "ages": ages,
         "active": active,
         "modes": np.zeros(max_packs, dtype=int_dtype),
         "slot_ids": np.arange(max_packs, dtype=int_dtype),
@@ -297,6 +303,53 @@ def init_confluent_bank(
     blocks = jax.device_put(tuple(host[name] for name in STATE_NAMES))
     return ConfluentPackBank(*blocks, max_order=max_order, base=base)
 
+
+def _check_tower_order(max_order: int, base: str, dtype: Any) -> None:
+    # The forward evaluates rows up to max(N, 11); each nested derivative asks for one more.
+    needed = max(max_order, _PAIR_TOWER_HEIGHT) + _DERIVATIVE_HEADROOM
+    limit = _finite_tower_order(base, dtype)
+    if needed > limit:
+        reason = (
+            f"the forward and {_DERIVATIVE_HEADROOM} nested derivatives need tower rows up to "
+            f"order {needed}, but the Riccati coefficients are finite in {dtype} only up to "
+            f"order {limit}"
+        )
+        if limit - _DERIVATIVE_HEADROOM < _PAIR_TOWER_HEIGHT:
+            raise ValueError(f"a {base} bank cannot use dtype {dtype}: {reason}")
+        raise ValueError(
+            f"max_order={max_order} is too high for a {base} bank in {dtype}: {reason} "
+            f"(max_order <= {limit - _DERIVATIVE_HEADROOM})"
+        )
+
+
+def _cast_pack(pack: RefinedPack, slot: int, dtype: Any) -> tuple[Any, Any, Any]:
+    """The pack's centre, weight and scale in `dtype`; refuses values the cast makes non-finite
+    (or a zero scale), naming the slot and the field."""
+    values = []
+    for field in ("center", "weight", "scale"):
+        given = getattr(pack, field)
+        with np.errstate(over="ignore", under="ignore"):
+            value = np.asarray(given).astype(dtype)
+        if not np.isfinite(value):
+            raise ValueError(
+                f"slot {slot}: packs[{slot}].{field} = {given!r} overflows to {value} in {dtype}"
+            )
+        if field == "scale" and value == 0:
+            raise ValueError(
+                f"slot {slot}: packs[{slot}].scale = {given!r} rounds to 0 in {dtype}; scales "
+                "must be non-zero"
+            )
+        values.append(value)
+    return values[0], values[1], values[2]
+
+
+def _cast_age(pack: RefinedPack, slot: int, dtype: Any) -> int:
+    if pack.age > np.iinfo(dtype).max:
+        raise ValueError(
+            f"slot {slot}: packs[{slot}].age = {pack.age} does not fit in {np.dtype(dtype)} "
+            f"(at most {np.iinfo(dtype).max})"
+        )
+    return pack.age
 
 def bank_slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
     """Every slot's term, shape `(P, *z.shape)`; inactive slots give exact zeros.
@@ -394,7 +447,8 @@ def _limits(bank: ConfluentPackBank, direction: float) -> tuple[Array, Array]:
     # meets the infinity.
     m1 = bank.odd_moments
     divergent = (s == 0) & (retract_spread(bank.rho) == 0) & (v != 0) & (m1 != 0)
-    pair = jnp.where(divergent, jnp.where(m1 * v * direction > 0, infinity, -infinity), pair)
+    unbounded = jnp.where(m1 * v * direction > 0, np.inf, -np.inf).astype(pair.dtype)
+    pair = jnp.where(divergent, unbounded, pair)
     value = jnp.where(bank.modes == 0, ordinary, jnp.where(bank.modes == 1, pair, moments))
     replaced = (s != 0) | ((bank.modes == 1) & (v != 0))
     return value, replaced
