@@ -3,7 +3,9 @@
 The forward pass evaluates ONE derivative tower of height `K = max(max_order, 11)` for all slots
 at once, shape `(K + 1, P, *z.shape)`, and selects each slot's order and mode by masked sums and
 `where` over constant coefficient arrays. The traced program therefore does not grow with the
-capacity `P`: compile time is independent of `max_packs`.
+capacity `P`: compile time is independent of `max_packs`. A bank whose active slots are all
+ordinary of low order takes a cheaper branch at run time (a shorter tower, no pair, no moments),
+chosen from the traced metadata, so commits never recompile.
 """
 
 from __future__ import annotations
@@ -351,14 +353,24 @@ def _cast_age(pack: RefinedPack, slot: int, dtype: Any) -> int:
         )
     return pack.age
 
+
 def bank_slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
     """Every slot's term, shape `(P, *z.shape)`; inactive slots give exact zeros.
 
     One tower `sigma_tower_rows(base, u, max(max_order, 11))` is evaluated for all slots at
     once on `u = scales·(z − centers)` (rows of shape `(P, *z.shape)`) and feeds the ordinary,
     centred-pair and moment branches; the ordinary order is selected by masks, the mode by
-    `where`. Jitted (one compilation per input shape and bank configuration), so eager calls are
-    fast as well.
+    `where`. When every active slot is ordinary, a cheaper branch runs instead, with a tower of
+    height 0, `min(max_order, 3)` or `max_order`, whichever is the lowest to hold the highest
+    active order; it gives the same values bitwise. The branch is a `lax.switch` on the traced
+    metadata (each branch rematerialised in reverse mode), so a commit never recompiles.
+    Jitted (one compilation per input shape and bank configuration), so eager calls are fast as
+    well.
+
+    At `z = ±∞` every slot gives its limit (`w·σ(±∞)` for order 0, 0 for higher orders, the
+    limits of both activations of a pair, `M_0·σ(±∞)` for moments), with finite gradients. A
+    slot whose scale is 0 is constant in `z`; only a collided pair with scale 0 and a non-zero
+    direction has no finite limit (`±∞`).
 
     **Arguments:**
 
@@ -439,9 +451,7 @@ def _limits(bank: ConfluentPackBank, direction: float) -> tuple[Array, Array]:
     edge = spec.forward(jnp.where(s > 0, infinity, -infinity))
     ordinary = jnp.where(bank.orders == 0, bank.weights * edge, jnp.zeros_like(edge))
     moments = bank.moment_coefficients[:, 0] * edge
-    first, second = _pair_limit(
-        spec, direction, s, bank.centers, bank.rho, v, bank.direction_bias
-    )
+    first, second = _pair_limit(spec, direction, s, bank.centers, bank.rho, v, bank.direction_bias)
     pair = bank.weights * first + bank.odd_moments * second
     # s = 0, ρ = 0, v ≠ 0: B = η σ'(0) grows without bound; comparisons only, so no gradient
     # meets the infinity.
@@ -465,6 +475,10 @@ def _slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
     # simple bank skips the high tower rows, the pair and the moments.
     heights = _ordinary_heights(bank.max_order)
     branches = [functools.partial(_ordinary_terms, height=h) for h in heights]
+    # Rematerialised: in reverse mode a cond otherwise makes every branch output the residuals of
+    # all branches (zero-filled on CPU), so the order-0 branch would write the ~70 (P, *z.shape)
+    # residuals of the full one. Recomputing a branch in the backward pass costs less than
+    # storing them, for the full branch too (benchmarks/bank_forward.py --simple).
     branches = [jax.checkpoint(branch) for branch in (*branches, _all_terms)]
     value = jax.lax.switch(_branch(bank, heights), branches, bank, finite)
     for direction in (1.0, -1.0):
