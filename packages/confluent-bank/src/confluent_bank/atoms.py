@@ -180,7 +180,7 @@ def moment_atom(
 
 def _pair_limit(
     activation: ActivationSpec,
-    direction: Array,
+    direction: float,
     scale: Array,
     center: Array,
     rho: Array,
