@@ -15,7 +15,19 @@ respect to the trainable parameters), for
 Every ratio is baseline / package, measured in the same run. Targets (issue 3): gradient compile
 under 5 s at 64 slots, order 8; steady-state gradient at least 10x faster than the baseline.
 
-Run: `python benchmarks/bank_forward.py` (several minutes) or `--quick` (a smoke test).
+`--simple` measures issue 10 (item 5) instead: value and gradient (`jax.value_and_grad` of
+`Σ forward(z)²`) over 4096 points, float64, for `max_packs` in (4, 16, 64), of
+
+- a plain sum of the same number of sigmoids, `Σ_i w_i σ(s_i (z − c_i))`, written here;
+- the bank holding that order-0 bank (its cheap branch), and a mixed bank (ordinary, pair and
+  moment slots: the full branch);
+- the previous forward (every slot through the full tower, pairs and moments, without the
+  run-time branch), built here from the package's private pieces, on both banks.
+
+Targets: order-0 bank ≤ 2x the plain sum; the mixed bank no slower than the previous forward.
+
+Run: `python benchmarks/bank_forward.py` (several minutes), `--simple`, or `--quick` (a smoke
+test of either).
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import confluent_bank as cb  # noqa: E402
+import confluent_bank.bank as bank_module  # noqa: E402
 from confluent_bank.activations import riccati_coefficients  # noqa: E402
 
 POINTS = 1024
@@ -115,6 +128,101 @@ def loop_forward(bank, z):
     return out
 
 
+# --- issue 10: a simple bank against a plain sum of sigmoids ---------------------------------
+
+
+def order_zero_bank(max_packs: int) -> cb.ConfluentPackBank:
+    """Every slot an ordinary order-0 atom: the bank a plain sum of sigmoids is compared with."""
+    rng = np.random.default_rng(1)
+    packs = [
+        cb.RefinedPack(0, c, w, s)
+        for c, w, s in zip(
+            rng.uniform(-1, 1, max_packs),
+            rng.normal(size=max_packs),
+            rng.uniform(0.5, 1.5, max_packs),
+            strict=True,
+        )
+    ]
+    return cb.init_confluent_bank(packs, max_packs=max_packs, max_order=3)
+
+
+def plain_sum(parameters, z):
+    """`Σ_i w_i σ(s_i (z − c_i))`: what the order-0 bank computes, with nothing else."""
+    per_slot = (slice(None), None)
+    c, w, s = parameters["centers"], parameters["weights"], parameters["scales"]
+    return jnp.sum(w[per_slot] * jax.nn.sigmoid(s[per_slot] * (z - c[per_slot])), axis=0)
+
+
+def previous_forward(bank, z):
+    """The forward before issue 10: the full branch for every bank, no remat, no limits."""
+    per_slot = (slice(None),) + (None,) * z.ndim
+    terms = bank_module._all_terms(bank, z)
+    terms = jnp.where(bank.active[per_slot], terms, jnp.zeros_like(terms))
+    return bank_module._slot_order_sum(terms)
+
+
+def value_and_grad_program(forward, bank, z):
+    def objective(parameters):
+        return jnp.sum(forward(bank.with_parameters(parameters), z) ** 2)
+
+    return jax.jit(jax.value_and_grad(objective)), (bank.parameters,)
+
+
+def run_simple(quick: bool) -> None:
+    points = 64 if quick else 4096
+    capacities = (4,) if quick else (4, 16, 64)
+    budget = 0.1 if quick else 2.0
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}, float64, {points} points; "
+          "value and gradient of sum(forward(z)^2) w.r.t. the parameters")  # fmt: skip
+    rows = []
+    for max_packs in capacities:
+        z = jnp.linspace(-2.0, 2.0, points)
+        simple, mixed = order_zero_bank(max_packs), make_bank(max_packs, 3)
+        plain = jax.jit(jax.value_and_grad(lambda p: jnp.sum(plain_sum(p, z) ** 2)))
+        programs_ = {
+            "plain": (
+                plain,
+                ({k: simple.parameters[k] for k in ("centers", "weights", "scales")},),
+            ),
+            "simple": value_and_grad_program(cb.bank_forward, simple, z),
+            "simple_previous": value_and_grad_program(previous_forward, simple, z),
+            "mixed": value_and_grad_program(cb.bank_forward, mixed, z),
+            "mixed_previous": value_and_grad_program(previous_forward, mixed, z),
+        }
+        for function, args in programs_.values():
+            jax.block_until_ready(function(*args))
+        # Interleaved rounds, best of each: the machine may be shared, and a background load
+        # then slows every program of one round alike.
+        best = dict.fromkeys(programs_, math.inf)
+        deadline = time.perf_counter() + budget * len(programs_)
+        rounds = 0
+        while rounds < 3 or (time.perf_counter() < deadline and rounds < 200):
+            for name, (function, args) in programs_.items():
+                start = time.perf_counter()
+                jax.block_until_ready(function(*args))
+                best[name] = min(best[name], time.perf_counter() - start)
+            rounds += 1
+        rows.append({"P": max_packs, **best})
+        print(
+            f"  P={max_packs}: " + ", ".join(f"{k} {fmt(v)}" for k, v in best.items()), flush=True
+        )
+
+    print("\n| P | plain sum | order-0 bank | ratio | previous | mixed bank | previous | ratio |")
+    print("|" + " --- |" * 8)
+    for r in rows:
+        print(f"| {r['P']} | {fmt(r['plain'])} | {fmt(r['simple'])} "
+              f"| {r['simple'] / r['plain']:.2f}x | {fmt(r['simple_previous'])} "
+              f"| {fmt(r['mixed'])} | {fmt(r['mixed_previous'])} "
+              f"| {r['mixed'] / r['mixed_previous']:.2f}x |")  # fmt: skip
+    worst_simple = max(r["simple"] / r["plain"] for r in rows)
+    worst_mixed = max(r["mixed"] / r["mixed_previous"] for r in rows)
+    print("\nSummary:" + (" (--quick: a smoke test, not a measurement)" if quick else ""))
+    verdict = "MET" if worst_simple <= 2 else "NOT MET"
+    print(f"  order-0 bank / plain sum: {worst_simple:.2f}x (worst) -> target <= 2x {verdict}")
+    verdict = "MET" if worst_mixed <= 1 else "NOT MET"
+    print(f"  mixed bank / previous forward: {worst_mixed:.2f}x (worst) -> target <= 1x {verdict}")
+
+
 # --- measurement ---------------------------------------------------------------------------
 
 
@@ -180,10 +288,16 @@ def main():
     parser.add_argument(
         "--baseline-timeout", type=float, default=None, help="seconds per baseline measurement"
     )
+    parser.add_argument(
+        "--simple", action="store_true", help="issue 10: simple banks against a plain sum"
+    )
     parser.add_argument("--_baseline", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._baseline:
         _baseline_child(args._baseline)
+        return
+    if args.simple:
+        run_simple(args.quick)
         return
     sizes = [(2, 1)] if args.quick else [(p, n) for n in (3, 8) for p in (4, 16, 64)]
     points = 32 if args.quick else POINTS

@@ -11,7 +11,7 @@ import pytest
 from jax.experimental import jet
 
 import confluent_bank as cb
-from confluent_bank.activations import riccati_coefficients
+from confluent_bank.activations import MAX_TOWER_ORDER, riccati_coefficients
 
 X = jnp.array([-0.2, 0.0, 0.5])
 
@@ -164,3 +164,27 @@ def test_tower_rows_follow_the_fastpath_rule():
         cb.sigma_tower_rows(spec, X, 1)
     with pytest.raises(ValueError, match="order"):
         cb.sigma_tower_rows("sigmoid", X, -1)
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype", "limit"),
+    [("sigmoid", jnp.float64, 159), ("tanh", jnp.float64, 162), ("sigmoid", jnp.float32, 30)],
+)
+def test_a_row_whose_coefficients_overflow_the_dtype_is_a_value_error(name, dtype, limit):
+    fastpath = cb.get_activation(name).fastpath
+    z = jnp.zeros(2, dtype=dtype)
+    assert np.all(np.isfinite(fastpath(z, limit)))
+    with pytest.raises(
+        ValueError, match=f"order {limit + 1} of {name} is above {limit}.*{jnp.dtype(dtype)}"
+    ):
+        fastpath(z, limit + 1)
+
+
+def test_a_tower_above_the_dtype_limit_is_a_value_error():
+    z = jnp.zeros(2, dtype=jnp.float32)
+    with pytest.raises(ValueError, match="order 31 of sigmoid is above 30"):
+        cb.sigma_tower("sigmoid", z, 31)
+
+
+def test_the_exact_coefficients_still_reach_order_512():
+    assert len(riccati_coefficients("sigmoid", MAX_TOWER_ORDER)) == 514

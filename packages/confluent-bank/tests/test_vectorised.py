@@ -107,7 +107,7 @@ def test_gradient_program_does_not_grow_with_capacity(max_order, base):
     assert small > 50  # the count really descends into the nested programs
 
 
-def test_one_forward_evaluates_one_tower_for_all_slots(monkeypatch):
+def test_each_branch_evaluates_one_tower_for_all_slots(monkeypatch):
     calls = []
     real = bank_module.sigma_tower_rows
 
@@ -118,10 +118,11 @@ def test_one_forward_evaluates_one_tower_for_all_slots(monkeypatch):
     monkeypatch.setattr(bank_module, "sigma_tower_rows", counting)
     bank = random_bank(1, 5, 3)
     bank.forward(jnp.zeros((1, 7)))  # a shape no other test uses, so it is traced here
-    assert calls == [(11, (5, 1, 7))]
+    # The order-0 and low-order branches, then the full branch (pairs need rows 0..11).
+    assert calls == [(0, (5, 1, 7)), (3, (5, 1, 7)), (11, (5, 1, 7))]
 
 
-def test_the_tower_height_is_max_order_when_above_eleven(monkeypatch):
+def test_the_full_tower_height_is_max_order_when_above_eleven(monkeypatch):
     calls = []
     real = bank_module.get_activation("sigmoid")
 
@@ -133,10 +134,10 @@ def test_the_tower_height_is_max_order_when_above_eleven(monkeypatch):
     monkeypatch.setattr(bank_module, "get_activation", lambda name: spec)
     bank = random_bank(2, 3, 14)
     bank.slot_terms(jnp.zeros((1, 11)))
-    assert calls == [14]
+    assert calls == [0, 3, 14, 14]  # the order-0, low-order, ordinary and full branches
 
 
-def test_a_spec_with_only_a_stacked_tower_is_evaluated_once(monkeypatch):
+def test_a_spec_with_only_a_stacked_tower_is_evaluated_once_per_branch(monkeypatch):
     calls = []
     real = bank_module.get_activation("tanh")
 
@@ -149,7 +150,7 @@ def test_a_spec_with_only_a_stacked_tower_is_evaluated_once(monkeypatch):
     bank = random_bank(6, 4, 2, "tanh")
     x = jnp.linspace(-1.0, 1.0, 13)
     terms = bank.slot_terms(x)
-    assert calls == [11]
+    assert calls == [0, 2, 11]
     monkeypatch.undo()
     np.testing.assert_array_equal(terms, bank.slot_terms(x))
 

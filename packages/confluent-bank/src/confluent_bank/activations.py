@@ -10,13 +10,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import Array
 
 MAX_TOWER_ORDER = 512
-"""Highest derivative order the exact coefficient generator accepts."""
+"""Highest derivative order the exact coefficient generator accepts.
+
+Evaluating a row in floating point needs its coefficients as floats, so the float tower stops
+earlier: at order 159 (sigmoid) / 162 (tanh) in float64 and 30 / 31 in float32 (see
+`_finite_tower_order`).
+"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +75,31 @@ def riccati_coefficients(kind: str, order: int) -> tuple[int, ...]:
     return tuple(result)
 
 
-def _horner(value: Array, coefficients: tuple[int, ...]) -> Array:
-    """`c_0 + c_1 s + … + c_d s^d` by Horner from the top; zero coefficients are not skipped."""
+@functools.lru_cache(maxsize=32)
+def _finite_tower_order(kind: str, dtype: Any) -> int:
+    """The highest order `n` whose Riccati coefficients sum to a finite `dtype` value, in absolute
+    value. Every row up to `n` then evaluates without overflow: `|s|, |t| ≤ 1`, so each Horner
+    step stays below `Σ|c_k|`. Above it a coefficient overflows (an `OverflowError`, or inf and
+    NaN rows)."""
+    largest = int(float(jnp.finfo(dtype).max))
+    order = 0
+    while order < MAX_TOWER_ORDER:
+        if sum(abs(c) for c in riccati_coefficients(kind, order + 1)) > largest:
+            break
+        order += 1
+    return order
+
+
+def _horner(value: Array, kind: str, order: int) -> Array:
+    """`P_order(value)` (sigmoid) / `Q_order(value)` (tanh) by Horner from the top; zero
+    coefficients are not skipped. Refuses an order whose coefficients overflow `value.dtype`."""
+    limit = _finite_tower_order(kind, value.dtype)
+    if order > limit:
+        raise ValueError(
+            f"derivative order {order} of {kind} is above {limit}, the highest order whose "
+            f"Riccati coefficients are finite in {value.dtype}"
+        )
+    coefficients = riccati_coefficients(kind, order)
     acc = jnp.full_like(value, float(coefficients[-1]))
     for c in reversed(coefficients[:-1]):
         acc = acc * value + float(c)
@@ -88,7 +117,7 @@ def _riccati_rows(
         value = native(z)
         return (
             value,
-            *(_horner(value, riccati_coefficients(kind, n)) for n in range(1, order + 1)),
+            *(_horner(value, kind, n) for n in range(1, order + 1)),
         )
 
     @rows.defjvp
@@ -119,7 +148,7 @@ def _riccati_fastpath(kind: str, native: Callable[[Array], Array]) -> Callable[[
     @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
     def row(z: Array, order: int) -> Array:
         value = native(z)
-        return value if order == 0 else _horner(value, riccati_coefficients(kind, order))
+        return value if order == 0 else _horner(value, kind, order)
 
     @row.defjvp
     def row_jvp(order: int, primals: tuple[Array], tangents: tuple[Array]) -> tuple[Array, Array]:

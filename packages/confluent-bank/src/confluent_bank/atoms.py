@@ -176,3 +176,36 @@ def moment_atom(
             f"got {tower.shape[0]}"
         )
     return _moment_sum([moments[k] for k in range(order + 1)], tower)
+
+
+def _pair_limit(
+    activation: ActivationSpec,
+    direction: float,
+    scale: Array,
+    center: Array,
+    rho: Array,
+    eta_slope: Array,
+    eta_bias: Array,
+) -> tuple[Array, Array]:
+    """`(A, B)` of the centred pair in `u = s(x − c)`, `η = v·x + d`, as `x → direction·∞`.
+
+    The two activations see `u ± hη = (s ± hv)·x + (−sc ± hd)`: each tends to `±∞` with the sign
+    of its slope, or to its constant when the slope is exactly 0. `B` is their difference over
+    `2h`; at `h = 0` it is `η σ'(u)`, which vanishes for `s ≠ 0` (the exponential wins over the
+    linear growth of `η`) and is returned as 0 otherwise: a bank replaces it where it diverges.
+    Inputs broadcast; only comparisons see the slopes, so gradients stay finite.
+    """
+    p = retract_spread(rho)
+    spread = p > 0
+    h_safe = jnp.sqrt(jnp.where(spread, p, jnp.ones_like(p)))
+    h = jnp.where(spread, h_safe, jnp.zeros_like(h_safe))
+    infinity = direction * jnp.asarray(jnp.inf, dtype=h.dtype)
+
+    def limit(slope: Array, constant: Array) -> Array:
+        return jnp.where(slope > 0, infinity, jnp.where(slope < 0, -infinity, constant))
+
+    plus = activation.forward(limit(scale + h * eta_slope, -scale * center + h * eta_bias))
+    minus = activation.forward(limit(scale - h * eta_slope, -scale * center - h * eta_bias))
+    a = (plus + minus) * 0.5
+    b = jnp.where(spread, (plus - minus) / (2 * h_safe), jnp.zeros_like(plus))
+    return a, b

@@ -3,12 +3,15 @@
 The forward pass evaluates ONE derivative tower of height `K = max(max_order, 11)` for all slots
 at once, shape `(K + 1, P, *z.shape)`, and selects each slot's order and mode by masked sums and
 `where` over constant coefficient arrays. The traced program therefore does not grow with the
-capacity `P`: compile time is independent of `max_packs`.
+capacity `P`: compile time is independent of `max_packs`. A bank whose active slots are all
+ordinary of low order takes a cheaper branch at run time (a shorter tower, no pair, no moments),
+chosen from the traced metadata, so commits never recompile.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -26,8 +29,8 @@ from confluent_bank._host import (
     read_host_state,
     snapshot_from_host,
 )
-from confluent_bank.activations import get_activation, sigma_tower_rows
-from confluent_bank.atoms import _moment_sum, _pair_terms, retract_spread
+from confluent_bank.activations import _finite_tower_order, get_activation, sigma_tower_rows
+from confluent_bank.atoms import _moment_sum, _pair_limit, _pair_terms, retract_spread
 from confluent_bank.records import RefinedPack
 
 if TYPE_CHECKING:
@@ -44,6 +47,8 @@ __all__ = [
 
 _BASES = ("sigmoid", "tanh")
 _PAIR_TOWER_HEIGHT = 11  # the centred-pair series needs rows 0..2T−1 with T = 6
+_LOW_ORDER = 3  # the short tower of the cheap ordinary branch
+_DERIVATIVE_HEADROOM = 4  # nested derivatives of the forward that stay within the tower limit
 
 
 @jax.tree_util.register_pytree_with_keys_class
@@ -273,12 +278,16 @@ def init_confluent_bank(
     - `packs`: a sequence of `RefinedPack` (ordinary atoms), at most `max_packs`.
     - `max_packs`: capacity `P ≥ 1` (default 16).
     - `max_order`: highest ordinary order `N ≥ 0`; moment rows have `N + 1` entries (default 8).
+      At most 155 (sigmoid) / 158 (tanh) in float64 and 26 / 27 in float32: above, the tower's
+      Riccati coefficients overflow the dtype within four nested derivatives of the forward.
     - `base`: `"sigmoid"` or `"tanh"`.
     - `dtype`: real floating dtype of the trainable blocks; `None` gives JAX's default float
       (float64 with x64 enabled). Metadata uses JAX's default integer.
 
-    Raises `ValueError` for a bad base, capacity or order, too many packs, or a pack order above
-    `max_order`.
+    Raises `ValueError` for a bad base, capacity or order, a `max_order` above the dtype's limit,
+    too many packs, a pack order above `max_order`, and a pack value that the cast to `dtype`
+    makes non-finite (a centre of 1e300 in float32), a scale it rounds to 0, or an age that does
+    not fit the metadata integer; the message names the slot and the field.
     """
     max_packs = _index(max_packs, "max_packs")
     max_order = _index(max_order, "max_order")
@@ -297,19 +306,20 @@ def init_confluent_bank(
             f"{len(live)} packs with orders {[p.order for p in live]} for max_packs={max_packs},"
             f" max_order={max_order}"
         )
-    centers = np.zeros(max_packs)
-    weights = np.zeros(max_packs)
-    scales = np.ones(max_packs)
-    orders = np.zeros(max_packs, dtype=np.int64)
-    ages = np.zeros(max_packs, dtype=np.int64)
-    active = np.zeros(max_packs, dtype=bool)
-    for i, pack in enumerate(live):
-        centers[i], weights[i], scales[i] = pack.center, pack.weight, pack.scale
-        orders[i], ages[i], active[i] = pack.order, pack.age, True
     float_dtype = jnp.asarray(0.0, dtype=dtype).dtype
     if not jnp.issubdtype(float_dtype, jnp.floating):
         raise ValueError(f"dtype must be a real floating dtype, got {float_dtype}")
     int_dtype = jnp.asarray(0).dtype
+    _check_tower_order(max_order, base, float_dtype)
+    centers = np.zeros(max_packs, dtype=float_dtype)
+    weights = np.zeros(max_packs, dtype=float_dtype)
+    scales = np.ones(max_packs, dtype=float_dtype)
+    orders = np.zeros(max_packs, dtype=int_dtype)
+    ages = np.zeros(max_packs, dtype=int_dtype)
+    active = np.zeros(max_packs, dtype=bool)
+    for i, pack in enumerate(live):
+        centers[i], weights[i], scales[i] = _cast_pack(pack, i, float_dtype)
+        orders[i], ages[i], active[i] = pack.order, _cast_age(pack, i, int_dtype), True
     host = {
         "centers": centers,
         "weights": weights,
@@ -322,8 +332,8 @@ def init_confluent_bank(
     }
     host = {name: value.astype(float_dtype) for name, value in host.items()}
     host |= {
-        "orders": orders.astype(int_dtype),
-        "ages": ages.astype(int_dtype),
+        "orders": orders,
+        "ages": ages,
         "active": active,
         "modes": np.zeros(max_packs, dtype=int_dtype),
         "slot_ids": np.arange(max_packs, dtype=int_dtype),
@@ -333,14 +343,71 @@ def init_confluent_bank(
     return ConfluentPackBank(*blocks, max_order=max_order, base=base)
 
 
+def _check_tower_order(max_order: int, base: str, dtype: Any) -> None:
+    # The forward evaluates rows up to max(N, 11); each nested derivative asks for one more.
+    needed = max(max_order, _PAIR_TOWER_HEIGHT) + _DERIVATIVE_HEADROOM
+    limit = _finite_tower_order(base, dtype)
+    if needed > limit:
+        reason = (
+            f"the forward and {_DERIVATIVE_HEADROOM} nested derivatives need tower rows up to "
+            f"order {needed}, but the Riccati coefficients are finite in {dtype} only up to "
+            f"order {limit}"
+        )
+        if limit - _DERIVATIVE_HEADROOM < _PAIR_TOWER_HEIGHT:
+            raise ValueError(f"a {base} bank cannot use dtype {dtype}: {reason}")
+        raise ValueError(
+            f"max_order={max_order} is too high for a {base} bank in {dtype}: {reason} "
+            f"(max_order <= {limit - _DERIVATIVE_HEADROOM})"
+        )
+
+
+def _cast_pack(pack: RefinedPack, slot: int, dtype: Any) -> tuple[Any, Any, Any]:
+    """The pack's centre, weight and scale in `dtype`; refuses values the cast makes non-finite
+    (or a zero scale), naming the slot and the field."""
+    values = []
+    for field in ("center", "weight", "scale"):
+        given = getattr(pack, field)
+        with np.errstate(over="ignore", under="ignore"):
+            value = np.asarray(given).astype(dtype)
+        if not np.isfinite(value):
+            raise ValueError(
+                f"slot {slot}: packs[{slot}].{field} = {given!r} overflows to {value} in {dtype}"
+            )
+        if field == "scale" and value == 0:
+            raise ValueError(
+                f"slot {slot}: packs[{slot}].scale = {given!r} rounds to 0 in {dtype}; scales "
+                "must be non-zero"
+            )
+        values.append(value)
+    return values[0], values[1], values[2]
+
+
+def _cast_age(pack: RefinedPack, slot: int, dtype: Any) -> int:
+    if pack.age > np.iinfo(dtype).max:
+        raise ValueError(
+            f"slot {slot}: packs[{slot}].age = {pack.age} does not fit in {np.dtype(dtype)} "
+            f"(at most {np.iinfo(dtype).max})"
+        )
+    return pack.age
+
+
 def bank_slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
     """Every slot's term, shape `(P, *z.shape)`; inactive slots give exact zeros.
 
     One tower `sigma_tower_rows(base, u, max(max_order, 11))` is evaluated for all slots at
     once on `u = scales·(z − centers)` (rows of shape `(P, *z.shape)`) and feeds the ordinary,
     centred-pair and moment branches; the ordinary order is selected by masks, the mode by
-    `where`. Jitted (one compilation per input shape and bank configuration), so eager calls are
-    fast as well.
+    `where`. When every active slot is ordinary, a cheaper branch runs instead, with a tower of
+    height 0, `min(max_order, 3)` or `max_order`, whichever is the lowest to hold the highest
+    active order; it gives the same values bitwise. The branch is a `lax.switch` on the traced
+    metadata (each branch rematerialised in reverse mode), so a commit never recompiles.
+    Jitted (one compilation per input shape and bank configuration), so eager calls are fast as
+    well.
+
+    At `z = ±∞` every slot gives its limit (`w·σ(±∞)` for order 0, 0 for higher orders, the
+    limits of both activations of a pair, `M_0·σ(±∞)` for moments), with finite gradients. A
+    slot whose scale is 0 is constant in `z`; only a collided pair with scale 0 and a non-zero
+    direction has no finite limit (`±∞`).
 
     **Arguments:**
 
@@ -350,27 +417,54 @@ def bank_slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
     return _slot_terms(bank, jnp.asarray(z))
 
 
-@jax.jit
-def _slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
-    spec = get_activation(bank.base)
-    order = bank.max_order
-    height = max(order, _PAIR_TOWER_HEIGHT)
+def _ordinary_heights(max_order: int) -> tuple[int, ...]:
+    # The tower heights of the cheap branches: order-0 slots need the activation only, low orders
+    # a short tower; every bank also keeps the full branch (height max(N, 11), pairs, moments).
+    return tuple(sorted({0, min(max_order, _LOW_ORDER), max_order}))
+
+
+def _branch(bank: ConfluentPackBank, heights: tuple[int, ...]) -> Array:
+    """Index of the cheapest branch that computes every active slot exactly (a traced int)."""
+    simple = jnp.all(~bank.active | (bank.modes == 0))
+    top = jnp.max(jnp.where(bank.active, bank.orders, jnp.zeros_like(bank.orders)))
+    ordinary = jnp.sum(jnp.asarray(heights) < top)  # the first height >= top; len(heights) if none
+    return jnp.where(simple, ordinary, len(heights))
+
+
+def _argument(bank: ConfluentPackBank, z: Array) -> Array:
     per_slot = (slice(None),) + (None,) * z.ndim  # (P,) -> (P, 1, ..., 1)
+    return bank.scales[per_slot] * (z - bank.centers[per_slot])
 
-    scales = bank.scales[per_slot]
-    argument = scales * (z - bank.centers[per_slot])
-    # One tower for all slots, as K + 1 rows of shape (P, *z.shape). Every combination below is
-    # elementwise over (P, *z.shape) with loops only over orders and series terms, so the traced
-    # program is independent of P and XLA fuses the slot computation and its gradient.
-    tower = sigma_tower_rows(spec, argument, height)
 
-    # Ordinary atoms: w · s^n · σ^(n)(u), n selected per slot by masks over 0..N (an order
-    # outside 0..N gives 0, as in the reference).
+def _ordinary(bank: ConfluentPackBank, z: Array, tower: Sequence[Array], height: int) -> Array:
+    # w · s^n · σ^(n)(u), n selected per slot by masks over 0..height (an order outside gives 0,
+    # as in the reference).
+    per_slot = (slice(None),) + (None,) * z.ndim
     ordinary = jnp.zeros_like(tower[0])
-    for k in range(order + 1):
+    for k in range(height + 1):
         value = (bank.weights * bank.scales**k)[per_slot] * tower[k]
         selected = (bank.orders == k)[per_slot]
         ordinary = ordinary + jnp.where(selected, value, jnp.zeros_like(value))
+    return ordinary
+
+
+def _ordinary_terms(bank: ConfluentPackBank, z: Array, *, height: int) -> Array:
+    """The cheap branch: every active slot is ordinary with an order `<= height`."""
+    tower = sigma_tower_rows(get_activation(bank.base), _argument(bank, z), height)
+    return _ordinary(bank, z, tower, height)
+
+
+def _all_terms(bank: ConfluentPackBank, z: Array) -> Array:
+    """The full branch: ordinary, centred-pair and moment terms, selected by mode."""
+    spec = get_activation(bank.base)
+    order = bank.max_order
+    per_slot = (slice(None),) + (None,) * z.ndim
+    argument = _argument(bank, z)
+    # One tower for all slots, as K + 1 rows of shape (P, *z.shape). Every combination below is
+    # elementwise over (P, *z.shape) with loops only over orders and series terms, so the traced
+    # program is independent of P and XLA fuses the slot computation and its gradient.
+    tower = sigma_tower_rows(spec, argument, max(order, _PAIR_TOWER_HEIGHT))
+    ordinary = _ordinary(bank, z, tower, order)
 
     eta = bank.directions[per_slot] * z + bank.direction_bias[per_slot]
     first, second = _pair_terms(bank.base, argument, bank.rho[per_slot], eta, tower)
@@ -380,7 +474,54 @@ def _slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
     moments = _moment_sum(rows, tower)
 
     modes = bank.modes[per_slot]
-    value = jnp.where(modes == 0, ordinary, jnp.where(modes == 1, pair, moments))
+    return jnp.where(modes == 0, ordinary, jnp.where(modes == 1, pair, moments))
+
+
+def _limits(bank: ConfluentPackBank, direction: float) -> tuple[Array, Array]:
+    """Every slot's term as `z → direction·∞`, shape `(P,)`, and where it replaces the value
+    computed at the stand-in `z = 0` (slots with `s = 0` do not depend on `z`, unless they are a
+    pair whose `η` grows)."""
+    spec = get_activation(bank.base)
+    s, v = bank.scales, bank.directions
+    infinity = jnp.asarray(direction * np.inf, dtype=s.dtype)
+    # For s ≠ 0 every row σ^(k)(±∞) with k ≥ 1 is 0: only order-0 and moment row 0 survive.
+    edge = spec.forward(jnp.where(s > 0, infinity, -infinity))
+    ordinary = jnp.where(bank.orders == 0, bank.weights * edge, jnp.zeros_like(edge))
+    moments = bank.moment_coefficients[:, 0] * edge
+    first, second = _pair_limit(spec, direction, s, bank.centers, bank.rho, v, bank.direction_bias)
+    pair = bank.weights * first + bank.odd_moments * second
+    # s = 0, ρ = 0, v ≠ 0: B = η σ'(0) grows without bound; comparisons only, so no gradient
+    # meets the infinity.
+    m1 = bank.odd_moments
+    divergent = (s == 0) & (retract_spread(bank.rho) == 0) & (v != 0) & (m1 != 0)
+    unbounded = jnp.where(m1 * v * direction > 0, np.inf, -np.inf).astype(pair.dtype)
+    pair = jnp.where(divergent, unbounded, pair)
+    value = jnp.where(bank.modes == 0, ordinary, jnp.where(bank.modes == 1, pair, moments))
+    replaced = (s != 0) | ((bank.modes == 1) & (v != 0))
+    return value, replaced
+
+
+@jax.jit
+def _slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
+    per_slot = (slice(None),) + (None,) * z.ndim
+    # Every branch sees finite inputs: at z = ±∞ the formulas meet 0·∞ (in η = v·z + d and in
+    # ∂u/∂s = z − c), which would poison values and gradients. The limits replace them below.
+    infinite = jnp.isinf(z)
+    finite = jnp.where(infinite, jnp.zeros_like(z), z)
+    # The branch is chosen at run time from the traced metadata, so commits never recompile; a
+    # simple bank skips the high tower rows, the pair and the moments.
+    heights = _ordinary_heights(bank.max_order)
+    branches = [functools.partial(_ordinary_terms, height=h) for h in heights]
+    # Rematerialised: in reverse mode a cond otherwise makes every branch output the residuals of
+    # all branches (zero-filled on CPU), so the order-0 branch would write the ~70 (P, *z.shape)
+    # residuals of the full one. Recomputing a branch in the backward pass costs less than
+    # storing them, for the full branch too (benchmarks/bank_forward.py --simple).
+    branches = [jax.checkpoint(branch) for branch in (*branches, _all_terms)]
+    value = jax.lax.switch(_branch(bank, heights), branches, bank, finite)
+    for direction in (1.0, -1.0):
+        limit, replaced = _limits(bank, direction)
+        at_limit = (z == direction * np.inf) & replaced[per_slot]
+        value = jnp.where(at_limit, limit[per_slot], value)
     return jnp.where(bank.active[per_slot], value, jnp.zeros_like(value))
 
 
