@@ -39,6 +39,7 @@ def experiments(lengths, seed=0):
                 channels={"y": hk.ChannelObs(ts, ys)},
                 y0_fn=lambda c, ch: jnp.array([1.5]),
                 exp_id=f"e{i}",
+                t0=float(ts[0]),
             )
         )
     return out

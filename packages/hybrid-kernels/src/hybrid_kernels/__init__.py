@@ -9,6 +9,7 @@ The public surface is exactly what ``__all__`` lists.
 """
 
 from hybrid_kernels.__about__ import __version__
+from hybrid_kernels._inputs import InputSignal, InputTable, piecewise_constant, piecewise_linear
 from hybrid_kernels.bounded import BoundedPredictor, BoundScaler
 from hybrid_kernels.data import (
     BucketPayload,
@@ -123,6 +124,8 @@ __all__ = [
     "ChannelObs",
     "Dataset",
     "Experiment",
+    "InputSignal",
+    "InputTable",
     "LogUI",
     "LossHistory",
     "NonFiniteTrainingError",
@@ -170,6 +173,8 @@ __all__ = [
     "masked_mle",
     "masked_mse",
     "penalty_integral",
+    "piecewise_constant",
+    "piecewise_linear",
     "penalty_vector_field",
     "plot_fit",
     "plot_history",

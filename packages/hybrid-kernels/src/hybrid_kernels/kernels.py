@@ -35,8 +35,9 @@ from hybrid_kernels._dispatch import (
 )
 from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._errors import no_host_callbacks
+from hybrid_kernels._inputs import row_signals
 from hybrid_kernels.data import BucketPayload
-from hybrid_kernels.solver import SolverConfig
+from hybrid_kernels.solver import SolverConfig, row_context
 
 __all__ = [
     "apply_length_mask",
@@ -91,12 +92,40 @@ def apply_length_mask(bp: BucketPayload, length_mask_fraction: Array) -> BucketP
 
 
 def _simulate_bucket(predictors, bp, *, simulate_fn, solver) -> Float[Array, "N T S"]:
-    def one(ts, covariates, y0):
-        out = simulate_fn(predictors, ts, covariates, y0, solver)
-        pf.check_simulate_out(out, bp)
-        return out
+    return _simulate_with_steps(predictors, bp, simulate_fn=simulate_fn, solver=solver)[0]
 
-    return jax.vmap(one)(bp.ts, bp.covariates, bp.y0)
+
+def _simulate_with_steps(predictors, bp, *, simulate_fn, solver):
+    """`(full [N, T, S], steps [N, 2])`: the states, and each row's accepted and rejected
+    solver steps (-1 where `simulate_fn` made no `solver.diffeqsolve` call we could read).
+
+    Each row's input signals join its covariates, and its jump times reach every
+    `solver.diffeqsolve` call it makes (`row_context`).
+    """
+
+    def one(ts, covariates, y0, inputs, jump_ts):
+        covariates = {**covariates, **row_signals(inputs or {})}
+        with row_context(jump_ts) as row:
+            out = simulate_fn(predictors, ts, covariates, y0, solver)
+        pf.check_simulate_out(out, bp)
+        return out, _row_steps(row, ts)
+
+    return jax.vmap(one)(bp.ts, bp.covariates, bp.y0, bp.inputs, bp.jump_ts)
+
+
+def _row_steps(row, ts) -> Array:
+    # Only a solve traced at this row's own level can leave the vmap: one made inside a nested
+    # transform of simulate_fn (its own vmap, scan, ...) would leak a tracer.
+    stats = [
+        st
+        for st in row.stats
+        if getattr(st.get("num_accepted_steps"), "_trace", None) is getattr(ts, "_trace", None)
+    ]
+    if not stats:
+        return jnp.full((2,), -1, jnp.int32)
+    acc = sum(jnp.asarray(st["num_accepted_steps"], jnp.int32) for st in stats)
+    rej = sum(jnp.asarray(st["num_rejected_steps"], jnp.int32) for st in stats)
+    return jnp.stack([acc, rej])
 
 
 def _project(full, bp, state_to_output):
@@ -182,7 +211,11 @@ class _Objective(eqx.Module):
                 return jnp.where(rows, a[donor], a)
 
             safe = bp._replace(
-                ts=swap(bp.ts), y0=swap(bp.y0), covariates=jax.tree.map(swap, bp.covariates)
+                ts=swap(bp.ts),
+                y0=swap(bp.y0),
+                covariates=jax.tree.map(swap, bp.covariates),
+                inputs=jax.tree.map(swap, bp.inputs),
+                jump_ts=jax.tree.map(swap, bp.jump_ts),
             )
             full = simulate(predictors, safe)
         else:
