@@ -29,7 +29,6 @@ def exp(exp_id="e", channels=None, covariates=None, y0=(1.0, 0.0), t0=None):
     [
         (dict(ts=[[0.0]], values=[[1.0]]), "`ts` must be rank-1"),
         (dict(ts=[0.0, 1.0], values=[1.0]), "`values` has shape"),
-        (dict(ts=[0.0, 0.0], values=[1.0, 2.0]), "must not repeat"),
         (dict(ts=[0.0, np.inf], values=[1.0, 2.0]), "`ts` must be finite"),
         (dict(ts=[0.0, 1.0], values=[1.0, np.nan]), "`values` must be finite"),
         (dict(ts=[0.0, 1.0], values=[1.0, 2.0], variance=0.0), "strictly positive"),
@@ -39,6 +38,20 @@ def exp(exp_id="e", channels=None, covariates=None, y0=(1.0, 0.0), t0=None):
 def test_channel_obs_rejects_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
         hk.ChannelObs(**kwargs)
+
+
+def test_replicates_at_one_time_get_one_row_each_and_all_count():
+    e = exp(
+        channels={
+            "a": hk.ChannelObs([0.0, 1.0, 1.0, 1.0], [1.0, 2.0, 2.2, 1.8]),
+            "b": hk.ChannelObs([1.0, 1.0, 2.0], [5.0, 6.0, 7.0]),
+        }
+    )
+    bp = hk.make_dataset([e], output_channel_names=["a", "b"]).bucket_payloads[0]
+    np.testing.assert_array_equal(bp.ts[0], [0.0, 1.0, 1.0, 1.0, 2.0])
+    np.testing.assert_array_equal(bp.y_observed[0, :, 0], [1.0, 2.0, 2.2, 1.8, 0.0])
+    np.testing.assert_array_equal(bp.mask[0, :, 1], [False, True, True, False, True])
+    assert int(bp.n_obs) == 7
 
 
 def test_channel_obs_broadcasts_a_scalar_variance():

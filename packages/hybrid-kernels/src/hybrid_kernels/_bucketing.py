@@ -158,23 +158,42 @@ def scatter(exp: Any, names: tuple[str, ...], dtype: np.dtype):
     t0 = getattr(exp, "t0", None)
     # The solve starts at t0, so the union axis does too.
     start = [] if t0 is None else [np.asarray([t0], dtype=key_dtype)]
-    union = np.unique(np.concatenate(keys + start))
+    distinct = np.unique(np.concatenate(keys + start))
     if not any(k.size for k in keys):
         raise ValueError(
             f"make_dataset: experiment {exp.exp_id!r} has no timestamps in channels {names}."
         )
+    # Replicates: a time observed r times in some channel gets r rows (the most over channels),
+    # and a channel's k-th replicate at that time lands on the k-th of them.
+    slot = [np.searchsorted(distinct, k) for k in keys]
+    reps = [_occurrence(s) for s in slot]
+    mult = np.ones(distinct.size, np.int64)
+    for s, r in zip(slot, reps, strict=True):
+        np.maximum.at(mult, s, r + 1)
+    first_row = np.concatenate([[0], np.cumsum(mult)[:-1]])
+    union = np.repeat(distinct, mult)
     T, D = union.size, len(names)
     y = np.zeros((T, D), dtype)
     var = np.ones((T, D), dtype)
     mask = np.zeros((T, D), bool)
-    for d, (c, k) in enumerate(zip(chans, keys, strict=True)):
+    for d, (c, s, r) in enumerate(zip(chans, slot, reps, strict=True)):
         if c.is_probe:
             continue
-        rows = np.searchsorted(union, k)
+        rows = first_row[s] + r
         y[rows, d] = c.values
         var[rows, d] = c.variance
         mask[rows, d] = True
     return union.astype(dtype), y, var, mask
+
+
+def _occurrence(slots: np.ndarray) -> np.ndarray:
+    """For each entry, how many earlier entries share its slot (0 for the first)."""
+    order = np.argsort(slots, kind="stable")
+    sorted_slots = slots[order]
+    starts = np.searchsorted(sorted_slots, sorted_slots, side="left")
+    out = np.empty_like(slots)
+    out[order] = np.arange(slots.size) - starts
+    return out
 
 
 def stack_bucket(exps, scattered, T: int, n_devices: int, dtype: np.dtype):

@@ -48,7 +48,8 @@ class ChannelObs(eqx.Module):
 
     **Arguments:**
 
-    - `ts`: observation times `[Tc]`, finite and distinct; need not be sorted.
+    - `ts`: observation times `[Tc]`, finite; need not be sorted. A repeated time is a
+        replicate: each replicate is its own cell on the union axis and counts in the loss.
     - `values`: observed values `[Tc]`, finite. An empty `values` with non-empty `ts` is a
         *probe* channel: its times shape the integration grid but nothing is observed.
     - `variance`: observation variance, a positive scalar (broadcast) or `[Tc]`.
@@ -84,8 +85,6 @@ class ChannelObs(eqx.Module):
             )
         if not np.all(np.isfinite(ts)):
             raise ValueError("ChannelObs: `ts` must be finite.")
-        if np.unique(ts).size != ts.size:
-            raise ValueError("ChannelObs: `ts` must not repeat a time.")
         if not np.all(np.isfinite(values)):
             raise ValueError("ChannelObs: `values` must be finite.")
         if not (np.all(np.isfinite(variance)) and np.all(variance > 0)):
