@@ -10,6 +10,7 @@ The public surface is exactly what ``__all__`` lists.
 
 from hybrid_kernels.__about__ import __version__
 from hybrid_kernels._inputs import InputSignal, InputTable, piecewise_constant, piecewise_linear
+from hybrid_kernels._tables import experiments_from_table, metrics_table, predictions_table
 from hybrid_kernels.bounded import BoundedPredictor, BoundScaler
 from hybrid_kernels.data import (
     BucketPayload,
@@ -22,6 +23,7 @@ from hybrid_kernels.data import (
     make_dataset,
     make_experiment,
     split_dataset,
+    split_dataset_by_ids,
 )
 from hybrid_kernels.kernels import (
     apply_length_mask,
@@ -157,6 +159,7 @@ __all__ = [
     "default_ui",
     "describe_buckets",
     "ensemble_predictions",
+    "experiments_from_table",
     "failed_exp_ids",
     "fold_key",
     "freeze_modules_of_type",
@@ -172,16 +175,18 @@ __all__ = [
     "make_row_mesh",
     "masked_mle",
     "masked_mse",
+    "metrics_table",
     "penalty_integral",
+    "penalty_vector_field",
     "piecewise_constant",
     "piecewise_linear",
-    "penalty_vector_field",
     "plot_fit",
     "plot_history",
     "predict_bucket",
     "predict_bucket_obs",
     "predict_dataset",
     "predict_dense",
+    "predictions_table",
     "read_predictors_metadata",
     "register_adjoint",
     "register_solver",
@@ -191,6 +196,7 @@ __all__ = [
     "save_training_state",
     "select_penalty_points",
     "split_dataset",
+    "split_dataset_by_ids",
     "strip_penalty_state",
     "train_bootstrap_ensemble",
     "train_seed_ensemble",

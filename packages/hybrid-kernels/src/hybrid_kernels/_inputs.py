@@ -1,13 +1,13 @@
 """Time-varying inputs: (time, value) tables on the host, diffrax interpolations in the kernels.
 
-A lab logs a feed or a set-point as a table of switch times and values. [`InputTable`][hybrid_kernels.InputTable]
-holds one such table per experiment; [`hybrid_kernels.make_dataset`][] turns each into the
-knots of a `diffrax.LinearInterpolation` (a piecewise-constant table becomes a linear
-interpolation with a repeated knot at each switch, which diffrax reads as a jump), pads the
-knots of a bucket to one length, and stores each row's switch times as its jump times.
-Inside `simulate_fn`, `covariates[name]` is an [`InputSignal`][hybrid_kernels.InputSignal]:
-call it at `t`. The row's switch times reach the step-size controller through
-`SolverConfig.diffeqsolve` (see [`hybrid_kernels.SolverConfig`][]).
+A lab logs a feed or a set-point as a table of switch times and values.
+[`hybrid_kernels.InputTable`][] holds one such table per experiment.
+[`hybrid_kernels.make_dataset`][] turns each into the knots of a `diffrax.LinearInterpolation`
+(a piecewise-constant table becomes a linear interpolation with a repeated knot at each switch,
+which diffrax reads as a jump), pads the knots of a bucket to one length, and stores each row's
+switch times as its jump times. Inside `simulate_fn`, `covariates[name]` is an
+[`hybrid_kernels.InputSignal`][]: call it at `t`. The row's switch times reach the step-size
+controller through `SolverConfig.diffeqsolve` (see [`hybrid_kernels.SolverConfig`][]).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class InputSignal(eqx.Module):
 
     interpolation: diffrax.LinearInterpolation
 
-    def __call__(self, t: Any) -> Float[Array, "..."]:
+    def __call__(self, t: Any) -> Float[Array, ...]:
         return self.interpolation.evaluate(t, left=False)
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "make_dataset",
     "make_experiment",
     "split_dataset",
+    "split_dataset_by_ids",
 ]
 
 
@@ -536,3 +537,32 @@ def failed_exp_ids(dataset: Dataset, failed: Sequence[Any]) -> tuple[str, ...]:
             )
         out.extend(i for i, f in zip(ids, flags, strict=True) if f and i != "")
     return tuple(out)
+
+
+def split_dataset_by_ids(dataset: Dataset, exp_ids: Sequence[str]) -> tuple[Dataset, Dataset]:
+    """Split named experiments off a dataset (held-out runs), re-bucketing both parts.
+
+    **Arguments:**
+
+    - `dataset`: the dataset (it must still hold its source experiments).
+    - `exp_ids`: the ids to split off; each must name an experiment of `dataset`.
+
+    **Returns:** `(rest, selected)`, each built with `dataset`'s options; `selected` keeps the
+    order of `exp_ids`. An empty part has no payloads.
+    """
+    if isinstance(exp_ids, str):
+        raise TypeError(
+            f"split_dataset_by_ids: `exp_ids` must be a sequence of ids, got the string "
+            f"{exp_ids!r}; wrap it in a list."
+        )
+    wanted = list(exp_ids)
+    by_id = {e.exp_id: e for e in dataset.experiments}
+    unknown = [i for i in wanted if i not in by_id]
+    if unknown:
+        raise ValueError(
+            f"split_dataset_by_ids: experiment id(s) {unknown} (field `exp_ids`) are not in the "
+            f"dataset; it holds {sorted(by_id)}."
+        )
+    chosen = set(wanted)
+    rest = [e for e in dataset.experiments if e.exp_id not in chosen]
+    return _rebucketed(dataset, rest), _rebucketed(dataset, [by_id[i] for i in wanted])
