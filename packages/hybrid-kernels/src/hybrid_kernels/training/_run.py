@@ -233,10 +233,15 @@ class Run:
             return False
         reports = _read_back([report for *_, report in self.pending])
         pending, self.pending = self.pending, []
-        for (step, phase, _), (loss, pen, ok, _) in zip(pending, reports, strict=True):
+        on_effort = getattr(self.ui, "on_solver_steps", None)  # optional for duck-typed UIs
+        for (step, phase, _), ((loss, pen, ok, _), effort) in zip(pending, reports, strict=True):
             loss, pen = float(loss), float(pen)
             self.history.append(loss)
             self.history.penalties.append(pen)
+            effort = tuple(tuple(float(v) for v in row) for row in effort)
+            self.history.solver_steps.append(effort)
+            if on_effort is not None:
+                on_effort(step=step, per_bucket=effort)
             self.ui.on_step_end(step=step, phase_idx=phase, loss=loss, penalty=pen)
             if bool(ok):
                 self.bad_run = 0
@@ -246,7 +251,7 @@ class Run:
             self.ui.on_bad_step(step=step, phase_idx=phase, loss=loss)
             if self.bad_run >= self.config.max_bad_steps:
                 self._diverged(phase, step)
-        since_best = int(reports[-1][3])
+        since_best = int(reports[-1][0][3])
         patience = self.config.patience
         return self.best_on_loss and patience > 0 and since_best >= patience
 

@@ -22,6 +22,11 @@ class LossHistory(list):
     - `phase_starts`: the step index at which each phase began.
     - `best_step`: the step whose pre-update parameters are the best snapshot (-1: none).
     - `best_loss`: the loss (or validation score) of that snapshot.
+    - `solver_steps`: per step, per bucket, `(mean accepted, max accepted, mean rejected,
+        max rejected)` solver steps over the bucket's experiments, from diffrax's `stats` of
+        the training solve itself (no extra solve; NaN where `simulate_fn` does not solve
+        through `solver.diffeqsolve`). A sudden rise says the model got stiff. Not kept in
+        checkpoints.
     """
 
     def __init__(self, values: Any = ()) -> None:
@@ -32,6 +37,7 @@ class LossHistory(list):
         self.phase_starts: list[int] = []
         self.best_step: int = -1
         self.best_loss: float = float("inf")
+        self.solver_steps: list[tuple[tuple[float, float, float, float], ...]] = []
 
 
 class NonFiniteTrainingError(RuntimeError):
