@@ -118,9 +118,7 @@ def generate(seed: int = 0) -> None:
             obs.append((run, t, var, np.nan, sd))  # a missing cell
             continue
         copies = 2 if var == "X" and rng.uniform() < 0.2 else 1  # replicate samples
-        obs += [
-            (run, t, var, max(x + sd * rng.standard_normal(), 0.0), sd) for _ in range(copies)
-        ]
+        obs += [(run, t, var, max(x + sd * rng.standard_normal(), 0.0), sd) for _ in range(copies)]
     HERE.mkdir(exist_ok=True)
     cols = ["experiment", "time", "variable", "value", "std"]
     pd.DataFrame(obs, columns=cols).round(5).to_csv(HERE / "fed_batch.csv", index=False)
@@ -133,6 +131,7 @@ def y0_fn(covariates, channels):
     return jnp.stack([covariates["X0"], covariates["S0"], covariates["V0"]])
 
 
+# --8<-- [start:load]
 def load() -> tuple[hk.Dataset, hk.Dataset]:
     """`(train, held_out)` from the CSV files."""
     experiments = hk.experiments_from_table(
@@ -144,6 +143,9 @@ def load() -> tuple[hk.Dataset, hk.Dataset]:
     )
     data = hk.make_dataset(experiments, output_channel_names=["X", "S"], dtype="float64")
     return hk.split_dataset_by_ids(data, HELD_OUT)
+
+
+# --8<-- [end:load]
 
 
 # --- the two models ---------------------------------------------------------------------------
@@ -175,6 +177,7 @@ def rate_of(predictor: Any):
     return predictor
 
 
+# --8<-- [start:simulate]
 def simulate(predictors, ts, covariates, y0, solver):
     """`simulate_fn`: the feed is `covariates["feed"]`, its switch times the solver's jumps."""
     (rate,) = predictors
@@ -185,6 +188,9 @@ def simulate(predictors, ts, covariates, y0, solver):
 def observe(states):
     """X and S are measured: `[T, 3] -> [T, 2]`."""
     return states[:, :2]
+
+
+# --8<-- [end:simulate]
 
 
 def trainable(predictors):
@@ -235,7 +241,10 @@ def fit(name: str, start: Any, train: hk.Dataset, steps: int, lr: float) -> tupl
 
 
 def substrate_range(data: hk.Dataset) -> tuple[float, float]:
-    s = [np.asarray(bp.y_observed)[..., 1][np.asarray(bp.mask)[..., 1]] for bp in data.bucket_payloads]
+    s = [
+        np.asarray(bp.y_observed)[..., 1][np.asarray(bp.mask)[..., 1]]
+        for bp in data.bucket_payloads
+    ]
     s = np.concatenate(s)
     return float(s.min()), float(s.max())
 
@@ -260,7 +269,7 @@ def plot(models: dict[str, Any], s_range: tuple[float, float], path: pathlib.Pat
     plt.close(fig)
 
 
-def main(steps: int = 300, out: str | pathlib.Path = ".", verbose: bool = True) -> dict:
+def main(steps: int = 600, out: str | pathlib.Path = ".", verbose: bool = True) -> dict:
     """Train both models, predict the held-out runs, write the plot and the error table."""
     import pandas as pd
 
@@ -300,7 +309,7 @@ def main(steps: int = 300, out: str | pathlib.Path = ".", verbose: bool = True) 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--out", default=".")
     parser.add_argument("--generate", action="store_true", help="rewrite the CSV files first")
     args = parser.parse_args()

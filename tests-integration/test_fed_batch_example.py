@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("pandas")
 pytest.importorskip("matplotlib")
 
-import fed_batch  # noqa: E402  (examples/ is on sys.path, see conftest.py)
+import fed_batch  # examples/ is on sys.path, see conftest.py
 
 
 @pytest.mark.slow
