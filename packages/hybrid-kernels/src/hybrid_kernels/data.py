@@ -266,7 +266,8 @@ class Dataset(eqx.Module):
     - `covariate_names`: sorted covariate keys.
     - `exp_ids`: for each bucket, the `exp_id` of each row (`""` for padding rows).
     - `experiments`: the source experiments, so subsets can be re-bucketed.
-    - `bucket_policy`, `max_shapes`, `dtype`: the options it was built with; subsets reuse them.
+    - `bucket_policy`, `max_shapes`, `dtype`, `mesh`, `planned_steps`: the options it was built
+        with; subsets reuse them.
     """
 
     bucket_payloads: tuple[BucketPayload, ...]
