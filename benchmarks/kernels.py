@@ -411,7 +411,12 @@ def main(argv=None):
         default=8,
         help="exact-policy shapes actually compiled; the rest are extrapolated (64: all)",
     )
-    parser.add_argument("--max-shapes", type=int, default=4, help="padded policy's max_shapes")
+    parser.add_argument(
+        "--max-shapes",
+        type=int,
+        default=None,
+        help="padded policy's max_shapes (default: None, the cost model picks the shapes)",
+    )
     parser.add_argument("--adjoint", choices=list(ADJOINTS), default="direct")
     parser.add_argument(
         "--parts",

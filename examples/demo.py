@@ -181,7 +181,7 @@ def main() -> None:
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     _summary_table(summary)
-    Console().print(hk.metrics_table(metrics, title="fit metrics (every experiment)"))
+    Console().print(hk.rich_metrics_table(metrics, title="fit metrics (every experiment)"))
     print(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} to {out}/")
     if not any(e["accepted"] for e in history.events):
         raise SystemExit("no transition was committed")

@@ -39,6 +39,7 @@ def experiments(lengths, seed=0):
                 channels={"y": hk.ChannelObs(ts, ys)},
                 y0_fn=lambda c, ch: jnp.array([1.5]),
                 exp_id=f"e{i}",
+                t0=float(ts[0]),
             )
         )
     return out
@@ -174,3 +175,28 @@ def test_padded_loss_and_grads_equal_the_exact_policy(eight, steps, loss, reduct
     (l_exact, g_exact), (l_pad, g_pad) = objective(exact), objective(padded)
     assert float(l_pad) == pytest.approx(float(l_exact), rel=1e-12)
     assert float(g_pad[0].k) == pytest.approx(float(g_exact[0].k), rel=1e-10)
+
+
+# --- the default: a cost model picks the number of shapes ------------------------------------
+
+
+def test_default_policy_gives_a_small_dataset_one_shape():
+    ds = hk.make_dataset(experiments([20 + i for i in range(20)]), output_channel_names=["y"])
+    assert len(ds.bucket_payloads) == 1 and ds.max_shapes is None
+
+
+def test_default_policy_splits_very_different_lengths_when_many_steps_are_planned():
+    exps = experiments([5] * 30 + [400] * 2)
+    few = hk.make_dataset(exps, output_channel_names=["y"], planned_steps=10)
+    many = hk.make_dataset(exps, output_channel_names=["y"], planned_steps=100_000)
+    assert len(few.bucket_payloads) == 1 and len(many.bucket_payloads) == 2
+
+
+def test_default_policy_never_exceeds_four_shapes():
+    bins = choose_bins(np.arange(10, 2000, 10), "padded", None, planned_steps=10**9)
+    assert np.unique(bins).size == 4
+
+
+def test_planned_steps_must_be_a_positive_int():
+    with pytest.raises(ValueError, match="`planned_steps` must be None or a positive int"):
+        hk.make_dataset(experiments([3]), output_channel_names=["y"], planned_steps=0)

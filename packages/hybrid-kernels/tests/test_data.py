@@ -10,13 +10,14 @@ import hybrid_kernels as hk
 jax.config.update("jax_enable_x64", True)
 
 
-def exp(exp_id="e", channels=None, covariates=None, y0=(1.0, 0.0)):
+def exp(exp_id="e", channels=None, covariates=None, y0=(1.0, 0.0), t0=None):
     channels = channels or {"a": hk.ChannelObs([0.0, 1.0, 2.0], [1.0, 2.0, 3.0])}
     return hk.make_experiment(
         covariates={"c": 1.0} if covariates is None else covariates,
         channels=channels,
         y0_fn=lambda cov, ch: jnp.asarray(y0),
         exp_id=exp_id,
+        t0=t0,
     )
 
 
@@ -28,7 +29,6 @@ def exp(exp_id="e", channels=None, covariates=None, y0=(1.0, 0.0)):
     [
         (dict(ts=[[0.0]], values=[[1.0]]), "`ts` must be rank-1"),
         (dict(ts=[0.0, 1.0], values=[1.0]), "`values` has shape"),
-        (dict(ts=[0.0, 0.0], values=[1.0, 2.0]), "must not repeat"),
         (dict(ts=[0.0, np.inf], values=[1.0, 2.0]), "`ts` must be finite"),
         (dict(ts=[0.0, 1.0], values=[1.0, np.nan]), "`values` must be finite"),
         (dict(ts=[0.0, 1.0], values=[1.0, 2.0], variance=0.0), "strictly positive"),
@@ -38,6 +38,20 @@ def exp(exp_id="e", channels=None, covariates=None, y0=(1.0, 0.0)):
 def test_channel_obs_rejects_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
         hk.ChannelObs(**kwargs)
+
+
+def test_replicates_at_one_time_get_one_row_each_and_all_count():
+    e = exp(
+        channels={
+            "a": hk.ChannelObs([0.0, 1.0, 1.0, 1.0], [1.0, 2.0, 2.2, 1.8]),
+            "b": hk.ChannelObs([1.0, 1.0, 2.0], [5.0, 6.0, 7.0]),
+        }
+    )
+    bp = hk.make_dataset([e], output_channel_names=["a", "b"]).bucket_payloads[0]
+    np.testing.assert_array_equal(bp.ts[0], [0.0, 1.0, 1.0, 1.0, 2.0])
+    np.testing.assert_array_equal(bp.y_observed[0, :, 0], [1.0, 2.0, 2.2, 1.8, 0.0])
+    np.testing.assert_array_equal(bp.mask[0, :, 1], [False, True, True, False, True])
+    assert int(bp.n_obs) == 7
 
 
 def test_channel_obs_broadcasts_a_scalar_variance():
@@ -167,7 +181,8 @@ def test_same_decimal_time_in_float32_and_float64_is_one_row():
         channels={
             "a": hk.ChannelObs(np.array([0.1, 0.3], np.float32), np.array([1.0, 2.0], np.float32)),
             "b": hk.ChannelObs(np.array([0.1, 0.3]), np.array([3.0, 4.0])),
-        }
+        },
+        t0=0.1,
     )
     bp = hk.make_dataset([e], output_channel_names=["a", "b"]).bucket_payloads[0]
     assert bp.ts.shape == (1, 2)
@@ -185,6 +200,8 @@ def test_payload_fields_come_in_the_seed_order_then_ours():
         "n_obs",
         "row_weights",
         "row_lengths",
+        "inputs",
+        "jump_ts",
     )
 
 
@@ -201,7 +218,7 @@ def test_payload_shapes_and_dtypes(two_channel):
 
 def test_rows_of_one_bucket_may_have_different_times_and_masks():
     e1 = exp("e1", {"a": hk.ChannelObs([0.0, 1.0], [1.0, 2.0])})
-    e2 = exp("e2", {"a": hk.ChannelObs([5.0, 7.0], [3.0, 4.0])})
+    e2 = exp("e2", {"a": hk.ChannelObs([5.0, 7.0], [3.0, 4.0])}, t0=5.0)
     ds = hk.make_dataset([e1, e2], output_channel_names=["a"])
     assert len(ds.bucket_payloads) == 1
     np.testing.assert_array_equal(ds.bucket_payloads[0].ts, [[0.0, 1.0], [5.0, 7.0]])

@@ -9,6 +9,8 @@ The public surface is exactly what ``__all__`` lists.
 """
 
 from hybrid_kernels.__about__ import __version__
+from hybrid_kernels._inputs import InputSignal, InputTable, piecewise_constant, piecewise_linear
+from hybrid_kernels._tables import experiments_from_table, metrics_table, predictions_table
 from hybrid_kernels.bounded import (
     BoundedPredictor,
     BoundScaler,
@@ -27,6 +29,7 @@ from hybrid_kernels.data import (
     make_dataset,
     make_experiment,
     split_dataset,
+    split_dataset_by_ids,
 )
 from hybrid_kernels.kernels import (
     apply_length_mask,
@@ -58,10 +61,10 @@ from hybrid_kernels.prediction import (
     ChannelMetrics,
     compute_metrics,
     ensemble_predictions,
-    metrics_table,
     predict_bucket,
     predict_dataset,
     predict_dense,
+    rich_metrics_table,
 )
 from hybrid_kernels.reductions import (
     REDUCTIONS,
@@ -134,6 +137,8 @@ __all__ = [
     "ChannelObs",
     "Dataset",
     "Experiment",
+    "InputSignal",
+    "InputTable",
     "LogUI",
     "LossHistory",
     "NonFiniteTrainingError",
@@ -167,6 +172,7 @@ __all__ = [
     "default_ui",
     "describe_buckets",
     "ensemble_predictions",
+    "experiments_from_table",
     "failed_exp_ids",
     "fold_key",
     "freeze_modules_of_type",
@@ -186,17 +192,21 @@ __all__ = [
     "metrics_table",
     "penalty_integral",
     "penalty_vector_field",
+    "piecewise_constant",
+    "piecewise_linear",
     "plot_fit",
     "plot_history",
     "predict_bucket",
     "predict_bucket_obs",
     "predict_dataset",
     "predict_dense",
+    "predictions_table",
     "read_predictors_metadata",
     "register_adjoint",
     "register_solver",
     "reinitialise",
     "resolve_loss_fn",
+    "rich_metrics_table",
     "save_predictors",
     "save_run",
     "save_training_state",
@@ -205,6 +215,7 @@ __all__ = [
     "soft_logit",
     "split_dataset",
     "straight_through_clip",
+    "split_dataset_by_ids",
     "strip_penalty_state",
     "train_bootstrap_ensemble",
     "train_seed_ensemble",

@@ -5,7 +5,9 @@
 Every distinct bucket length is one compiled kernel shape (per kernel), and ODE kernels take
 seconds to compile. The `"padded"` policy therefore bins the distinct lengths into at most
 `max_shapes` bins, choosing the bin edges that minimise the number of padded cells (an exact
-dynamic programme over the sorted distinct lengths).
+dynamic programme over the sorted distinct lengths). With `max_shapes=None` a cost model
+picks the number of bins: each bin costs one compile, each padded cell some solve time in
+every planned step (see `_auto_shapes`).
 """
 
 from __future__ import annotations
@@ -15,19 +17,58 @@ from typing import Any
 
 import numpy as np
 
+from hybrid_kernels._inputs import stack_inputs
+
 BUCKET_POLICIES = frozenset({"padded", "exact"})
 
+# The cost model of the default policy, in seconds. Orders of magnitude measured on a 2-core
+# CPU (benchmarks/kernels.py; issue 13: 20 experiments, 4 shapes against 1): one bucket shape
+# costs a few seconds of compile per kernel and about a millisecond of dispatch per step; a
+# cell of the padded [N, T] grid costs about a microsecond of solve per step.
+COMPILE_S = 5.0
+DISPATCH_S = 1e-3
+CELL_S = 1e-6
+AUTO_MAX_SHAPES = 4
+DEFAULT_PLANNED_STEPS = 1000
 
-def choose_bins(lengths: np.ndarray, policy: str, max_shapes: int) -> np.ndarray:
-    """The bucket length each experiment is padded to (`lengths` itself under `"exact"`)."""
+
+def choose_bins(
+    lengths: np.ndarray, policy: str, max_shapes: int | None, planned_steps: int | None = None
+) -> np.ndarray:
+    """The bucket length each experiment is padded to (`lengths` itself under `"exact"`).
+
+    `max_shapes=None` lets `_auto_shapes` choose the number of bins.
+    """
     lengths = np.asarray(lengths, dtype=np.int64)
     if policy == "exact":
         return lengths
     distinct, counts = np.unique(lengths, return_counts=True)
+    if max_shapes is None:
+        steps = DEFAULT_PLANNED_STEPS if planned_steps is None else planned_steps
+        return _auto_shapes(lengths, distinct, counts, steps)
     if distinct.size <= max_shapes:
         return lengths
     edges = _optimal_edges(distinct, counts, max_shapes)
     return edges[np.searchsorted(edges, lengths)]
+
+
+def _auto_shapes(
+    lengths: np.ndarray, distinct: np.ndarray, counts: np.ndarray, steps: int
+) -> np.ndarray:
+    """The bins of least modelled cost: `k * (compile + steps * dispatch) + steps * cells * cell`.
+
+    `cells` is the padded grid every step solves, `sum over rows of the bin length`; for each
+    `k` the bins are the padding-optimal ones of `_optimal_edges`.
+    """
+    best, best_cost = lengths, math.inf
+    for k in range(1, min(AUTO_MAX_SHAPES, distinct.size) + 1):
+        edges = _optimal_edges(distinct, counts, k)
+        bins = edges[np.searchsorted(edges, lengths)]
+        n_shapes = np.unique(bins).size
+        cost = n_shapes * (COMPILE_S + steps * DISPATCH_S) + steps * CELL_S * float(bins.sum())
+        if cost < best_cost:
+            best, best_cost = bins, cost
+    return best
 
 
 def _optimal_edges(distinct: np.ndarray, counts: np.ndarray, k: int) -> np.ndarray:
@@ -87,6 +128,18 @@ def validate_experiments(experiments: tuple[Any, ...], names: tuple[str, ...]) -
                 f"make_dataset: experiment {exp.exp_id!r} has y0 shape {exp.y0.shape}, "
                 f"expected {first.y0.shape} as in experiment {first.exp_id!r}."
             )
+        if set(exp.inputs) != set(first.inputs):
+            raise ValueError(
+                f"make_dataset: experiment {exp.exp_id!r} has inputs {sorted(exp.inputs)}, "
+                f"but experiment {first.exp_id!r} has {sorted(first.inputs)}; all must match."
+            )
+        for k, table in exp.inputs.items():
+            if table.values.shape[1:] != first.inputs[k].values.shape[1:]:
+                raise ValueError(
+                    f"make_dataset: experiment {exp.exp_id!r} input {k!r} has values of shape "
+                    f"[K, *{table.values.shape[1:]}], expected [K, *"
+                    f"{first.inputs[k].values.shape[1:]}] as in experiment {first.exp_id!r}."
+                )
         missing = [n for n in names if n not in exp.channels]
         if missing:
             raise ValueError(
@@ -101,28 +154,53 @@ def scatter(exp: Any, names: tuple[str, ...], dtype: np.dtype):
     # Times are matched after rounding to the least precise float dtype present, so one decimal
     # time given in float32 in one channel and float64 in another is one row, not two. Where
     # that rounding would merge two distinct times of one channel (and so overwrite one of its
-    # observations), times are matched exactly instead, in the widest dtype present.
+    # observations), times are matched exactly instead, in the widest dtype present. A time
+    # repeated within one channel is a replicate, not a merge.
     dtypes = sorted({np.dtype(c.ts.dtype) for c in chans}, key=lambda d: d.itemsize)
-    keys = [c.ts.astype(dtypes[0]) for c in chans]
-    if any(np.unique(k).size != k.size for k in keys):
-        keys = [c.ts.astype(dtypes[-1]) for c in chans]
-    union = np.unique(np.concatenate(keys))
-    if union.size == 0:
+    key_dtype = dtypes[0]
+    keys = [c.ts.astype(key_dtype) for c in chans]
+    if any(np.unique(k).size != np.unique(c.ts).size for k, c in zip(keys, chans, strict=True)):
+        key_dtype = dtypes[-1]
+        keys = [c.ts.astype(key_dtype) for c in chans]
+    t0 = getattr(exp, "t0", None)
+    # The solve starts at t0, so the union axis does too.
+    start = [] if t0 is None else [np.asarray([t0], dtype=key_dtype)]
+    distinct = np.unique(np.concatenate(keys + start))
+    if not any(k.size for k in keys):
         raise ValueError(
             f"make_dataset: experiment {exp.exp_id!r} has no timestamps in channels {names}."
         )
+    # Replicates: a time observed r times in some channel gets r rows (the most over channels),
+    # and a channel's k-th replicate at that time lands on the k-th of them.
+    slot = [np.searchsorted(distinct, k) for k in keys]
+    reps = [_occurrence(s) for s in slot]
+    mult = np.ones(distinct.size, np.int64)
+    for s, r in zip(slot, reps, strict=True):
+        np.maximum.at(mult, s, r + 1)
+    first_row = np.concatenate([[0], np.cumsum(mult)[:-1]])
+    union = np.repeat(distinct, mult)
     T, D = union.size, len(names)
     y = np.zeros((T, D), dtype)
     var = np.ones((T, D), dtype)
     mask = np.zeros((T, D), bool)
-    for d, (c, k) in enumerate(zip(chans, keys, strict=True)):
+    for d, (c, s, r) in enumerate(zip(chans, slot, reps, strict=True)):
         if c.is_probe:
             continue
-        rows = np.searchsorted(union, k)
+        rows = first_row[s] + r
         y[rows, d] = c.values
         var[rows, d] = c.variance
         mask[rows, d] = True
     return union.astype(dtype), y, var, mask
+
+
+def _occurrence(slots: np.ndarray) -> np.ndarray:
+    """For each entry, how many earlier entries share its slot (0 for the first)."""
+    order = np.argsort(slots, kind="stable")
+    sorted_slots = slots[order]
+    starts = np.searchsorted(sorted_slots, sorted_slots, side="left")
+    out = np.empty_like(slots)
+    out[order] = np.arange(slots.size) - starts
+    return out
 
 
 def stack_bucket(exps, scattered, T: int, n_devices: int, dtype: np.dtype):
@@ -152,6 +230,7 @@ def stack_bucket(exps, scattered, T: int, n_devices: int, dtype: np.dtype):
     y0 = np.stack([e.y0.astype(dtype) if e.y0.dtype.kind == "f" else e.y0 for e in src])
     weights = np.zeros((n_rows,), dtype)
     weights[:n_real] = 1
+    inputs, jump_ts = stack_inputs([getattr(e, "inputs", {}) for e in src], dtype)
     fields = dict(
         ts=ts,
         y_observed=y,
@@ -162,6 +241,8 @@ def stack_bucket(exps, scattered, T: int, n_devices: int, dtype: np.dtype):
         n_obs=np.asarray(mask.sum(), dtype=np.int32),
         row_weights=weights,
         row_lengths=lengths,
+        inputs=inputs,
+        jump_ts=jump_ts,
     )
     ids = tuple(e.exp_id for e in exps) + ("",) * (n_rows - n_real)
     return fields, ids

@@ -131,6 +131,7 @@ class _BucketKernel:
         # The forward-only jitted body, rerun with throw=False to find failed rows on error.
         self._diagnose = diagnose
         self._seen: set = set()
+        self.last_solver_steps: Array | None = None
 
     def __call__(self, predictors, bp, length_mask_fraction, trajectory_penalty_weight=None):
         if not isinstance(bp, BucketPayload):
@@ -163,9 +164,10 @@ class _BucketKernel:
         except Exception as e:
             _explain_backsolve(e, self._objective.solver)
             raise
+        *out, self.last_solver_steps = out  # kept on the device: no host sync here
         if self._return_status:
-            return out
-        value = out[:-1]  # drop the failure flags
+            return tuple(out)
+        value = tuple(out[:-1])  # drop the failure flags
         return value[0] if len(value) == 1 else value
 
     def _name_failed_rows(self, error, predictors, bp, fraction, weight) -> None:

@@ -27,6 +27,7 @@ from hybrid_kernels._bucketing import (
     validate_experiments,
 )
 from hybrid_kernels._dtypes import resolve_dtype
+from hybrid_kernels._inputs import InputTable
 
 __all__ = [
     "BucketPayload",
@@ -39,6 +40,7 @@ __all__ = [
     "make_dataset",
     "make_experiment",
     "split_dataset",
+    "split_dataset_by_ids",
 ]
 
 
@@ -47,7 +49,8 @@ class ChannelObs(eqx.Module):
 
     **Arguments:**
 
-    - `ts`: observation times `[Tc]`, finite and distinct; need not be sorted.
+    - `ts`: observation times `[Tc]`, finite; need not be sorted. A repeated time is a
+        replicate: each replicate is its own cell on the union axis and counts in the loss.
     - `values`: observed values `[Tc]`, finite. An empty `values` with non-empty `ts` is a
         *probe* channel: its times shape the integration grid but nothing is observed.
     - `variance`: observation variance, a positive scalar (broadcast) or `[Tc]`.
@@ -83,8 +86,6 @@ class ChannelObs(eqx.Module):
             )
         if not np.all(np.isfinite(ts)):
             raise ValueError("ChannelObs: `ts` must be finite.")
-        if np.unique(ts).size != ts.size:
-            raise ValueError("ChannelObs: `ts` must not repeat a time.")
         if not np.all(np.isfinite(values)):
             raise ValueError("ChannelObs: `values` must be finite.")
         if not (np.all(np.isfinite(variance)) and np.all(variance > 0)):
@@ -100,16 +101,20 @@ class ChannelObs(eqx.Module):
 
 
 class Experiment(eqx.Module):
-    """One experiment: constant covariates, full initial state and observed channels.
+    """One experiment: covariates, time-varying inputs, initial state and observed channels.
 
     Build it with [`hybrid_kernels.make_experiment`][]. `exp_id` is host-side only: it never
-    reaches a kernel, and [`hybrid_kernels.Dataset`][] keeps it to map rows back.
+    reaches a kernel, and [`hybrid_kernels.Dataset`][] keeps it to map rows back. `t0` is the
+    time `y0` applies at (`None` only for experiments built by hand: then the first observed
+    time). `inputs` maps names to [`hybrid_kernels.InputTable`][]s.
     """
 
     covariates: dict[str, np.ndarray]
     y0: np.ndarray
     channels: dict[str, ChannelObs]
     exp_id: str = eqx.field(static=True, default="")
+    t0: float | None = eqx.field(static=True, default=None)
+    inputs: dict[str, InputTable] = eqx.field(default_factory=dict)
 
 
 def make_experiment(
@@ -118,20 +123,36 @@ def make_experiment(
     channels: Mapping[str, ChannelObs],
     y0_fn: Callable[[dict[str, Array], Mapping[str, ChannelObs]], Any],
     exp_id: str = "",
+    t0: float | None = None,
+    inputs: Mapping[str, InputTable] | None = None,
 ) -> Experiment:
     """Validate and assemble one [`hybrid_kernels.Experiment`][].
+
+    **The start-time rule.** `y0_fn` gives the state at `t0`, and the solve starts at `t0`.
+    When `t0` is not given it is 0, and then the experiment's earliest time (over its channels,
+    probes included) must be exactly 0: an experiment first sampled later raises, so the initial
+    state is never moved silently to the first sample (nor silently back to 0). Pass `t0=0.0`
+    for a run that started at 0 and was first sampled later, or `t0=` the first sample time to
+    start the solve there. Observations before `t0` raise.
 
     **Arguments:**
 
     - `covariates`: name → scalar or `[K]` value, constant in time.
     - `channels`: name → [`hybrid_kernels.ChannelObs`][].
-    - `y0_fn`: `y0_fn(covariates_as_jax_arrays, channels) -> [S]`, the *full* initial state
+    - `y0_fn`: `y0_fn(covariates_as_jax_arrays, channels) -> [S]`, the *full* state at `t0`
         (it may include unobserved components such as penalty accumulators).
     - `exp_id`: a host-side name for error messages, failure reports and predictions.
+    - `t0`: the start time (see the rule above).
+    - `inputs`: name → [`hybrid_kernels.InputTable`][] (from
+        [`hybrid_kernels.piecewise_constant`][] or [`hybrid_kernels.piecewise_linear`][]):
+        signals that change in time. Inside `simulate_fn`, `covariates[name]` is then an
+        [`hybrid_kernels.InputSignal`][] to call at `t`, and the table's switch times reach the
+        step-size controller as jump times. Names must differ from the covariates'.
 
     **Returns:** the experiment. Raises `ValueError` naming `exp_id` on a rank>1 or non-finite
-    covariate, or a `y0` that is not rank-1 and finite; `TypeError` on a non-str `exp_id`, a
-    non-numeric covariate or `y0`, or a channel that is not a `ChannelObs`.
+    covariate, a `y0` that is not rank-1 and finite, a missing `t0` or an observation before
+    it; `TypeError` on a non-str `exp_id`, a non-numeric covariate or `y0`, or a channel that
+    is not a `ChannelObs`.
     """
     if not isinstance(exp_id, str):
         raise TypeError(f"make_experiment: `exp_id` must be a str, got {exp_id!r}.")
@@ -177,6 +198,19 @@ def make_experiment(
         raise TypeError(
             f"make_experiment({exp_id!r}): `y0_fn` must be callable, got {type(y0_fn).__name__}."
         )
+    t0 = _start_time(exp_id, channels, t0)
+    tables = dict(inputs or {})
+    for name, table in tables.items():
+        if not isinstance(table, InputTable):
+            raise TypeError(
+                f"make_experiment({exp_id!r}): input {name!r} must be an InputTable (see "
+                f"piecewise_constant / piecewise_linear), got {type(table).__name__}."
+            )
+        if name in covs:
+            raise ValueError(
+                f"make_experiment({exp_id!r}): input {name!r} is also a covariate; "
+                "names must differ."
+            )
     y0 = _as_array(
         y0_fn({k: jnp.asarray(v) for k, v in covs.items()}, channels),
         f"make_experiment({exp_id!r}): `y0_fn`'s return value",
@@ -192,7 +226,38 @@ def make_experiment(
         )
     if not np.all(np.isfinite(y0)):
         raise ValueError(f"make_experiment({exp_id!r}): `y0` must be finite, got {y0}.")
-    return Experiment(covariates=covs, y0=y0, channels=dict(channels), exp_id=exp_id)
+    return Experiment(
+        covariates=covs,
+        y0=y0,
+        channels=dict(channels),
+        exp_id=exp_id,
+        t0=t0,
+        inputs={k: tables[k] for k in sorted(tables)},
+    )
+
+
+def _start_time(exp_id: str, channels: Mapping[str, ChannelObs], t0: Any) -> float:
+    """make_experiment's start-time rule (see its docstring); every message names the field."""
+    firsts = {n: float(np.min(c.ts)) for n, c in channels.items() if c.ts.size}
+    if t0 is None:
+        if firsts and min(firsts.values()) != 0.0:
+            name = min(firsts, key=firsts.__getitem__)
+            raise ValueError(
+                f"make_experiment({exp_id!r}): no `t0` given and the first time is "
+                f"{firsts[name]!r} (channel {name!r}, field `ts`), not 0. Pass `t0`, the time "
+                "y0_fn's state applies at: t0=0.0 to start the solve before the first sample, "
+                f"or t0={firsts[name]!r} to start it there."
+            )
+        return 0.0
+    if isinstance(t0, bool) or not isinstance(t0, int | float | np.number) or not math.isfinite(t0):
+        raise ValueError(f"make_experiment({exp_id!r}): `t0` must be a finite float, got {t0!r}.")
+    for name, first in firsts.items():
+        if first < t0:
+            raise ValueError(
+                f"make_experiment({exp_id!r}): channel {name!r} has a time {first!r} in `ts` "
+                f"before t0={float(t0)!r}; observations must not precede the start."
+            )
+    return float(t0)
 
 
 class BucketPayload(NamedTuple):
@@ -211,6 +276,10 @@ class BucketPayload(NamedTuple):
     - `row_weights` `[N]`: 1 for real rows, 0 for padding rows.
     - `row_lengths` `[N]` int32: each row's own union length (before time padding). The
         length mask takes its prefix per row, so padding never changes which cells are scored.
+    - `inputs`: name → `(ts [N, L], ys [N, L, ...])`, the knots of each row's input signal,
+        padded to a bucket-wide `L` (see [`hybrid_kernels.InputTable`][]); `None` without inputs.
+    - `jump_ts` `[N, J]`: each row's input switch times, padded with `+inf`; `None` without
+        inputs.
 
     `row_weights` and `row_lengths` default to `None` (all rows real, of length `T`), so a
     payload written by hand with the seed's seven fields still works.
@@ -225,6 +294,8 @@ class BucketPayload(NamedTuple):
     n_obs: Int[Array, ""]
     row_weights: Float[Array, " N"] | None = None
     row_lengths: Int[Array, " N"] | None = None
+    inputs: dict[str, tuple[Array, Array]] | None = None
+    jump_ts: Float[Array, "N J"] | None = None
 
 
 class Dataset(eqx.Module):
@@ -235,7 +306,8 @@ class Dataset(eqx.Module):
     - `covariate_names`: sorted covariate keys.
     - `exp_ids`: for each bucket, the `exp_id` of each row (`""` for padding rows).
     - `experiments`: the source experiments, so subsets can be re-bucketed.
-    - `bucket_policy`, `max_shapes`, `dtype`: the options it was built with; subsets reuse them.
+    - `bucket_policy`, `max_shapes`, `dtype`, `mesh`, `planned_steps`: the options it was built
+        with; subsets reuse them.
     """
 
     bucket_payloads: tuple[BucketPayload, ...]
@@ -244,9 +316,10 @@ class Dataset(eqx.Module):
     exp_ids: tuple[tuple[str, ...], ...] = eqx.field(static=True)
     experiments: tuple[Experiment, ...]
     bucket_policy: str = eqx.field(static=True, default="padded")
-    max_shapes: int = eqx.field(static=True, default=4)
+    max_shapes: int | None = eqx.field(static=True, default=None)
     dtype: str = eqx.field(static=True, default="float32")
     mesh: Any = eqx.field(static=True, default=None)
+    planned_steps: int | None = eqx.field(static=True, default=None)
 
     @property
     def n_experiments(self) -> int:
@@ -259,9 +332,10 @@ def make_dataset(
     *,
     output_channel_names: Sequence[str],
     bucket_policy: str = "padded",
-    max_shapes: int = 4,
+    max_shapes: int | None = None,
     dtype: Any = None,
     mesh: jax.sharding.Mesh | None = None,
+    planned_steps: int | None = None,
 ) -> Dataset:
     """Scatter experiments onto their union time axes and stack them into buckets.
 
@@ -274,7 +348,12 @@ def make_dataset(
         most `max_shapes` bin lengths, chosen to minimise padded cells, so the compile count is
         bounded whatever the data. `"exact"` groups experiments by exact union length (one
         compiled shape per distinct length, the peer's behaviour, no padding).
-    - `max_shapes`: the most distinct bucket lengths the `"padded"` policy may produce.
+    - `max_shapes`: the most distinct bucket lengths the `"padded"` policy may produce. `None`
+        (default) lets a cost model choose the number of shapes (at most 4): each shape costs
+        one compile of a few seconds, each padded cell a little solve time in every one of
+        `planned_steps` steps. Small datasets get one or two shapes. See the guide's "Buckets".
+    - `planned_steps`: the training steps the dataset is built for, for that cost model
+        (default `None`: 1000).
     - `dtype`: storage dtype of every float array (`"float32"`, `"float64"`, or `None` for
         jax's default float dtype, i.e. float64 exactly when `jax_enable_x64` is on).
     - `mesh`: a `jax.sharding.Mesh` to shard each bucket's experiment axis over. When `None`
@@ -308,8 +387,16 @@ def make_dataset(
             f"make_dataset: `bucket_policy` must be one of {sorted(BUCKET_POLICIES)}, "
             f"got {bucket_policy!r}."
         )
-    if isinstance(max_shapes, bool) or not isinstance(max_shapes, int) or max_shapes < 1:
+    if max_shapes is not None and (
+        isinstance(max_shapes, bool) or not isinstance(max_shapes, int) or max_shapes < 1
+    ):
         raise ValueError(f"make_dataset: `max_shapes` must be a positive int, got {max_shapes!r}.")
+    if planned_steps is not None and (
+        isinstance(planned_steps, bool) or not isinstance(planned_steps, int) or planned_steps < 1
+    ):
+        raise ValueError(
+            f"make_dataset: `planned_steps` must be None or a positive int, got {planned_steps!r}."
+        )
     np_dtype = resolve_dtype(dtype, "make_dataset")
     if not experiments:
         raise ValueError("make_dataset: `experiments` is empty; give at least one Experiment.")
@@ -322,12 +409,13 @@ def make_dataset(
     validate_experiments(experiments, names)
     for exp in experiments:
         _check_fits_dtype(exp, names, np_dtype)
+    _check_unique_ids(experiments)
     mesh = resolve_mesh(mesh)
     n_devices = 1 if mesh is None else mesh.devices.size
 
     scattered = [scatter(exp, names, np_dtype) for exp in experiments]
     lengths = np.array([s[0].shape[0] for s in scattered])
-    bins = choose_bins(lengths, bucket_policy, max_shapes)
+    bins = choose_bins(lengths, bucket_policy, max_shapes, planned_steps)
 
     payloads, ids = [], []
     for bin_len in sorted(set(bins.tolist())):
@@ -352,6 +440,7 @@ def make_dataset(
         max_shapes=max_shapes,
         dtype=np.dtype(np_dtype).name,
         mesh=mesh,
+        planned_steps=planned_steps,
     )
 
 
@@ -391,6 +480,20 @@ def _as_array(x: Any, what: str) -> np.ndarray:
         raise TypeError(f"{what} must be a numeric array, not a ragged sequence ({e}).") from e
 
 
+def _check_unique_ids(experiments: Sequence[Experiment]) -> None:
+    """Rows map back to experiments by id, so two experiments must never share one.
+
+    The same experiment object may repeat (a bootstrap resample draws with replacement).
+    """
+    seen: dict[str, Experiment] = {}
+    for exp in experiments:
+        if exp.exp_id and seen.setdefault(exp.exp_id, exp) is not exp:
+            raise ValueError(
+                f"make_dataset: experiment id {exp.exp_id!r} (field `exp_id`) is used by two "
+                "different experiments; ids must be unique."
+            )
+
+
 def _as_float_array(x: Any, name: str) -> np.ndarray:
     arr = _as_array(x, f"ChannelObs: `{name}`")
     if arr.dtype.kind not in "fiu":
@@ -419,6 +522,7 @@ def _rebucketed(dataset: Dataset, experiments: Sequence[Experiment]) -> Dataset:
             max_shapes=dataset.max_shapes,
             dtype=dataset.dtype,
             mesh=dataset.mesh,
+            planned_steps=dataset.planned_steps,
         )
     return Dataset(
         bucket_payloads=(),
@@ -430,6 +534,7 @@ def _rebucketed(dataset: Dataset, experiments: Sequence[Experiment]) -> Dataset:
         max_shapes=dataset.max_shapes,
         dtype=dataset.dtype,
         mesh=dataset.mesh,
+        planned_steps=dataset.planned_steps,
     )
 
 
@@ -530,3 +635,32 @@ def failed_exp_ids(dataset: Dataset, failed: Sequence[Any]) -> tuple[str, ...]:
             )
         out.extend(i for i, f in zip(ids, flags, strict=True) if f and i != "")
     return tuple(out)
+
+
+def split_dataset_by_ids(dataset: Dataset, exp_ids: Sequence[str]) -> tuple[Dataset, Dataset]:
+    """Split named experiments off a dataset (held-out runs), re-bucketing both parts.
+
+    **Arguments:**
+
+    - `dataset`: the dataset (it must still hold its source experiments).
+    - `exp_ids`: the ids to split off; each must name an experiment of `dataset`.
+
+    **Returns:** `(rest, selected)`, each built with `dataset`'s options; `selected` keeps the
+    order of `exp_ids`. An empty part has no payloads.
+    """
+    if isinstance(exp_ids, str):
+        raise TypeError(
+            f"split_dataset_by_ids: `exp_ids` must be a sequence of ids, got the string "
+            f"{exp_ids!r}; wrap it in a list."
+        )
+    wanted = list(exp_ids)
+    by_id = {e.exp_id: e for e in dataset.experiments}
+    unknown = [i for i in wanted if i not in by_id]
+    if unknown:
+        raise ValueError(
+            f"split_dataset_by_ids: experiment id(s) {unknown} (field `exp_ids`) are not in the "
+            f"dataset; it holds {sorted(by_id)}."
+        )
+    chosen = set(wanted)
+    rest = [e for e in dataset.experiments if e.exp_id not in chosen]
+    return _rebucketed(dataset, rest), _rebucketed(dataset, [by_id[i] for i in wanted])

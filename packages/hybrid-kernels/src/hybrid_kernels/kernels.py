@@ -35,8 +35,9 @@ from hybrid_kernels._dispatch import (
 )
 from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._errors import no_host_callbacks
+from hybrid_kernels._inputs import row_signals
 from hybrid_kernels.data import BucketPayload
-from hybrid_kernels.solver import SolverConfig
+from hybrid_kernels.solver import SolverConfig, row_context
 
 __all__ = [
     "apply_length_mask",
@@ -91,12 +92,40 @@ def apply_length_mask(bp: BucketPayload, length_mask_fraction: Array) -> BucketP
 
 
 def _simulate_bucket(predictors, bp, *, simulate_fn, solver) -> Float[Array, "N T S"]:
-    def one(ts, covariates, y0):
-        out = simulate_fn(predictors, ts, covariates, y0, solver)
-        pf.check_simulate_out(out, bp)
-        return out
+    return _simulate_with_steps(predictors, bp, simulate_fn=simulate_fn, solver=solver)[0]
 
-    return jax.vmap(one)(bp.ts, bp.covariates, bp.y0)
+
+def _simulate_with_steps(predictors, bp, *, simulate_fn, solver):
+    """`(full [N, T, S], steps [N, 2])`: the states, and each row's accepted and rejected
+    solver steps (-1 where `simulate_fn` made no `solver.diffeqsolve` call we could read).
+
+    Each row's input signals join its covariates, and its jump times reach every
+    `solver.diffeqsolve` call it makes (`row_context`).
+    """
+
+    def one(ts, covariates, y0, inputs, jump_ts):
+        covariates = {**covariates, **row_signals(inputs or {})}
+        with row_context(jump_ts) as row:
+            out = simulate_fn(predictors, ts, covariates, y0, solver)
+        pf.check_simulate_out(out, bp)
+        return out, _row_steps(row, ts)
+
+    return jax.vmap(one)(bp.ts, bp.covariates, bp.y0, bp.inputs, bp.jump_ts)
+
+
+def _row_steps(row, ts) -> Array:
+    # Only a solve traced at this row's own level can leave the vmap: one made inside a nested
+    # transform of simulate_fn (its own vmap, scan, ...) would leak a tracer.
+    stats = [
+        st
+        for st in row.stats
+        if getattr(st.get("num_accepted_steps"), "_trace", None) is getattr(ts, "_trace", None)
+    ]
+    if not stats:
+        return jnp.full((2,), -1, jnp.int32)
+    acc = sum(jnp.asarray(st["num_accepted_steps"], jnp.int32) for st in stats)
+    rej = sum(jnp.asarray(st["num_rejected_steps"], jnp.int32) for st in stats)
+    return jnp.stack([acc, rej])
 
 
 def _project(full, bp, state_to_output):
@@ -141,19 +170,19 @@ class _Objective(eqx.Module):
     def __call__(self, predictors, bp, fraction, tp_weight, *, differentiable=False):
         bp_m = apply_length_mask(bp, fraction)
         if self.solver.throw:
-            full = _simulate_bucket(
+            full, steps = _simulate_with_steps(
                 predictors, bp_m, simulate_fn=self.simulate_fn, solver=self.solver
             )
             failed = jnp.zeros(bp.ts.shape[:1], bool)
         else:
-            full, failed, bp_m = self._tolerant(predictors, bp_m, differentiable)
+            full, failed, bp_m, steps = self._tolerant(predictors, bp_m, differentiable)
         loss = self.loss_fn(_project(full, bp_m, self.state_to_output), bp_m)
         pf.check_scalar(loss, "loss_fn", bp)
         if self.trajectory_penalty_fn is not None:
             pen = self.trajectory_penalty_fn(full, bp_m)
             pf.check_scalar(pen, "trajectory_penalty_fn", bp)
             loss = loss + jnp.where(tp_weight != 0, tp_weight * pen, 0.0).astype(loss.dtype)
-        return loss, failed
+        return loss, (failed, jax.lax.stop_gradient(steps))
 
     def _tolerant(self, predictors, bp, differentiable):
         """The `throw=False` solve: failed rows flagged, zeroed and masked out.
@@ -167,13 +196,13 @@ class _Objective(eqx.Module):
         solve per step in this mode.
         """
         simulate = functools.partial(
-            _simulate_bucket, simulate_fn=self.simulate_fn, solver=self.solver
+            _simulate_with_steps, simulate_fn=self.simulate_fn, solver=self.solver
         )
         if differentiable:
             frozen = jtu.tree_map(
                 lambda x: jax.lax.stop_gradient(x) if eqx.is_array(x) else x, predictors
             )
-            probe = jax.lax.stop_gradient(simulate(frozen, bp))
+            probe = jax.lax.stop_gradient(simulate(frozen, bp)[0])
             failed = ~jnp.all(jnp.isfinite(probe), axis=(1, 2))
             donor = jnp.argmax(~failed)  # first healthy row (row 0 if none is)
 
@@ -182,15 +211,20 @@ class _Objective(eqx.Module):
                 return jnp.where(rows, a[donor], a)
 
             safe = bp._replace(
-                ts=swap(bp.ts), y0=swap(bp.y0), covariates=jax.tree.map(swap, bp.covariates)
+                ts=swap(bp.ts),
+                y0=swap(bp.y0),
+                covariates=jax.tree.map(swap, bp.covariates),
+                inputs=jax.tree.map(swap, bp.inputs),
+                jump_ts=jax.tree.map(swap, bp.jump_ts),
             )
-            full = simulate(predictors, safe)
+            full, steps = simulate(predictors, safe)
         else:
-            full = simulate(predictors, bp)
+            full, steps = simulate(predictors, bp)
             failed = ~jnp.all(jnp.isfinite(full), axis=(1, 2))
         full = jnp.where(failed[:, None, None], jnp.zeros_like(full), full)
         mask = bp.mask & ~failed[:, None, None]
-        return full, failed, bp._replace(mask=mask, n_obs=mask.sum().astype(bp.n_obs.dtype))
+        bp = bp._replace(mask=mask, n_obs=mask.sum().astype(bp.n_obs.dtype))
+        return full, failed, bp, steps
 
 
 # The compiled bodies. Module-level, with every callable passed as a static argument, so the
@@ -205,17 +239,18 @@ def _bucket_step(objective, trainable, predictors, bp, fraction, tp_weight):
         def f(d):
             return objective(eqx.combine(d, static), bp, fraction, tp_weight, differentiable=True)
 
-        (loss, failed), grads = eqx.filter_value_and_grad(f, has_aux=True)(diff)
+        (loss, (failed, steps)), grads = eqx.filter_value_and_grad(f, has_aux=True)(diff)
         if not objective.solver.throw:
             # Every row failed: even the donor row is unhealthy, so drop the whole gradient.
             grads = jax.tree.map(lambda g: jnp.where(failed.all(), jnp.zeros_like(g), g), grads)
-    return loss, grads, failed
+    return loss, grads, failed, steps
 
 
 @eqx.filter_jit
 def _score_bucket(objective, predictors, bp, fraction, tp_weight):
     with no_host_callbacks(not objective.solver.throw):
-        return objective(predictors, bp, fraction, tp_weight)
+        loss, (failed, steps) = objective(predictors, bp, fraction, tp_weight)
+        return loss, failed, steps
 
 
 @eqx.filter_jit
@@ -280,6 +315,11 @@ def build_bucket_step(
     build-time value, a number overrides it for that call without recompiling. It returns
     `(loss, grads)`, or `(loss, grads, failed)` with `return_status=True`; `grads` has the
     structure of `eqx.filter(predictors, trainable)` (`None` at frozen leaves).
+
+    After each call, `bucket_step.last_solver_steps` holds the solver effort of that call as
+    an `[N, 2]` int32 device array: each row's accepted and rejected steps, read from
+    diffrax's `stats` of the solve the loss already made (-1 where `simulate_fn` did not
+    solve through `solver.diffeqsolve`). Reading it is the caller's choice of host sync.
     """
     _check_build("build_bucket_step", simulate_fn, state_to_output, solver, loss_fn)
     _check_tp(trajectory_penalty_fn, trajectory_penalty_weight)

@@ -24,7 +24,7 @@ __all__ = [
     "ChannelMetrics",
     "compute_metrics",
     "ensemble_predictions",
-    "metrics_table",
+    "rich_metrics_table",
     "predict_bucket",
     "predict_dataset",
     "predict_dense",
@@ -176,7 +176,7 @@ class ChannelMetrics(NamedTuple):
     r2: float
 
 
-def metrics_table(
+def rich_metrics_table(
     metrics: Mapping[str, ChannelMetrics], *, title: str | None = "Fit metrics"
 ) -> Any:
     """`compute_metrics`'s result as a `rich.table.Table`, one row per channel.
@@ -202,7 +202,7 @@ def metrics_table(
     for name, m in metrics.items():
         if not isinstance(m, ChannelMetrics):
             raise TypeError(
-                f"metrics_table: metrics[{name!r}] must be a ChannelMetrics (the output of "
+                f"rich_metrics_table: metrics[{name!r}] must be a ChannelMetrics (the output of "
                 f"compute_metrics); got {type(m).__name__}"
             )
         table.add_row(name, str(m.n), cell(m.mse), cell(m.rmse), cell(m.mae), cell(m.r2))

@@ -15,12 +15,16 @@ passed through diffrax `args` (see the guide).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import diffrax
 import equinox as eqx
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = [
     "ADJOINT_REGISTRY",
@@ -91,6 +95,11 @@ class SolverConfig(eqx.Module):
     - `adjoint`: a diffrax adjoint; default `RecursiveCheckpointAdjoint()` (see module docs).
     - `pcoeff`, `icoeff`, `dcoeff`: PID step-size controller coefficients (default: plain
         integral control).
+    - `jump_ts`: times at which the vector field jumps for every experiment (a tuple of
+        floats, default none). The solver steps to just before and just after each of them
+        (`diffrax.ClipStepSizeController`) instead of failing steps across them. Each
+        experiment's own input switch times (see [`hybrid_kernels.piecewise_constant`][]) are
+        added automatically inside the kernels.
     - `throw`: `True` (default) raises when a solve fails. `False` lets a failed experiment
         return non-finite states instead; the kernels then mask that row out of the loss,
         report it (`return_status=True`) and keep training the rest of the bucket. Kernels
@@ -108,6 +117,7 @@ class SolverConfig(eqx.Module):
     icoeff: float = eqx.field(static=True, default=1.0)
     dcoeff: float = eqx.field(static=True, default=0.0)
     throw: bool = eqx.field(static=True, default=True)
+    jump_ts: tuple[float, ...] = eqx.field(static=True, default=())
 
     def __check_init__(self):
         if not isinstance(self.solver, diffrax.AbstractSolver):
@@ -137,15 +147,34 @@ class SolverConfig(eqx.Module):
             )
         if not isinstance(self.throw, bool):
             raise TypeError(f"SolverConfig: `throw` must be a bool, got {self.throw!r}.")
+        if not isinstance(self.jump_ts, tuple) or not all(
+            isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t)
+            for t in self.jump_ts
+        ):
+            raise ValueError(
+                f"SolverConfig: `jump_ts` must be a tuple of finite floats, got {self.jump_ts!r}."
+            )
 
-    def stepsize_controller(self) -> diffrax.PIDController:
-        """The `diffrax.PIDController` for these tolerances (a tuple `atol` becomes an array)."""
+    def stepsize_controller(self, jump_ts: Any = None) -> Any:
+        """The step-size controller: a `diffrax.PIDController` for these tolerances (a tuple
+        `atol` becomes an array), wrapped in a `diffrax.ClipStepSizeController` when there are
+        jump times (`self.jump_ts` and the given `jump_ts` `[J]`; `+inf` entries are padding).
+        """
         atol = jnp.asarray(self.atol) if isinstance(self.atol, tuple) else self.atol
-        return diffrax.PIDController(
+        pid = diffrax.PIDController(
             rtol=self.rtol, atol=atol, pcoeff=self.pcoeff, icoeff=self.icoeff, dcoeff=self.dcoeff
         )
+        parts = [jnp.asarray(jump_ts)] if jump_ts is not None else []
+        if self.jump_ts:
+            dtype = parts[0].dtype if parts else None
+            parts.append(jnp.asarray(np.asarray(self.jump_ts), dtype=dtype))
+        if not parts:
+            return pid
+        return diffrax.ClipStepSizeController(pid, jump_ts=jnp.concatenate(parts))
 
-    def diffeqsolve(self, term: Any, ts: Any, y0: Any, args: Any = None) -> diffrax.Solution:
+    def diffeqsolve(
+        self, term: Any, ts: Any, y0: Any, args: Any = None, *, jump_ts: Any = None
+    ) -> diffrax.Solution:
         """Integrate `term` from `ts[0]` to `ts[-1]`, saving at `ts`; take `.ys` for `[T, S]`.
 
         **Arguments:**
@@ -155,8 +184,20 @@ class SolverConfig(eqx.Module):
         - `y0`: the initial state `[S]`.
         - `args`: passed to the vector field; thread trainable values through here when using
             `BacksolveAdjoint`.
+        - `jump_ts`: extra jump times `[J]` for this solve. Inside the kernels, the
+            experiment's input switch times are added here automatically.
+
+        Inside the kernels, the solution's accepted and rejected step counts are also recorded
+        for the training display (no extra solve).
         """
-        return diffrax.diffeqsolve(
+        row = _ROW.get()
+        if row is not None and row.jump_ts is not None:
+            jump_ts = row.jump_ts if jump_ts is None else jnp.concatenate([row.jump_ts, jump_ts])
+        if jump_ts is None and self.jump_ts:
+            jump_ts = ()
+        if jump_ts is not None:  # jump times must share the time dtype (diffrax checks)
+            jump_ts = jnp.asarray(jump_ts, dtype=jnp.result_type(ts))
+        sol = diffrax.diffeqsolve(
             term,
             self.solver,
             t0=ts[0],
@@ -165,11 +206,14 @@ class SolverConfig(eqx.Module):
             y0=y0,
             args=args,
             saveat=diffrax.SaveAt(ts=ts),
-            stepsize_controller=self.stepsize_controller(),
+            stepsize_controller=self.stepsize_controller(jump_ts),
             adjoint=self.adjoint,
             max_steps=self.max_steps,
             throw=self.throw,
         )
+        if row is not None:
+            row.stats.append(sol.stats)
+        return sol
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; solver and adjoint are stored by registry name."""
@@ -184,6 +228,7 @@ class SolverConfig(eqx.Module):
             "icoeff": self.icoeff,
             "dcoeff": self.dcoeff,
             "throw": self.throw,
+            "jump_ts": list(self.jump_ts),
         }
 
     @classmethod
@@ -199,6 +244,8 @@ class SolverConfig(eqx.Module):
         for k in ("pcoeff", "icoeff", "dcoeff", "throw"):
             if k in d:
                 kwargs[k] = d[k]
+        if "jump_ts" in d:
+            kwargs["jump_ts"] = tuple(float(t) for t in d["jump_ts"])
         return cls(
             solver=_lookup(d["solver"], SOLVER_REGISTRY, "solver")(),
             rtol=d["rtol"],
@@ -207,3 +254,27 @@ class SolverConfig(eqx.Module):
             dt0=d["dt0"],
             **kwargs,
         )
+
+
+class _Row:
+    """What the kernels know about the experiment being traced: its jump times, and a tape
+    for the `stats` of the solves made for it."""
+
+    def __init__(self, jump_ts: Any) -> None:
+        self.jump_ts = jump_ts
+        self.stats: list[dict[str, Any]] = []
+
+
+_ROW: contextvars.ContextVar[_Row | None] = contextvars.ContextVar("hk_row", default=None)
+
+
+@contextlib.contextmanager
+def row_context(jump_ts: Any) -> Iterator[_Row]:
+    """While tracing one experiment's `simulate_fn`: hand its jump times to every
+    `SolverConfig.diffeqsolve` call and collect their step counts."""
+    row = _Row(jump_ts)
+    token = _ROW.set(row)
+    try:
+        yield row
+    finally:
+        _ROW.reset(token)

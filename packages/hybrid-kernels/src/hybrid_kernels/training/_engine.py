@@ -259,20 +259,22 @@ class Engine:
         """Dispatch one training step; everything returned stays on the device.
 
         Returns the new predictors, optimiser state and tracker, and a report for the host to
-        read when it needs to: `([loss, penalty, finite, steps since the best], failed)`, where
-        `failed` holds every bucket's per-row failure flags, concatenated in bucket order.
+        read when it needs to: `(([loss, penalty, finite, steps since the best], failed),
+        effort)`, where `failed` holds every bucket's per-row failure flags, concatenated in
+        bucket order, and `effort` is the solver effort `[B, 4]` (see `_solver_effort`).
         """
-        losses, grads, failed = [], [], []
+        losses, grads, failed, steps = [], [], [], []
         for bp in payloads:
             loss, g, f = self.bucket_step(predictors, bp, fraction)
             losses.append(loss)
             grads.append(g)
             failed.append(f)
+            steps.append(self.bucket_step.last_solver_steps)
         if penalty_weight > 0:
             penalty, pen_grads = self.penalty_step(predictors, penalty_weight, points)
         else:  # a zero weight is exactly "off": no penalty kernel runs at all
             penalty, pen_grads = None, None
-        return opt.tail(
+        *state, report = opt.tail(
             predictors,
             opt_state,
             track,
@@ -285,6 +287,8 @@ class Engine:
             pen_grads,
             best_on_loss,
         )
+        effort = _solver_effort(tuple(steps), tuple(bp.row_weights for bp in payloads))
+        return (*state, (report, effort))
 
     def score(self, predictors: Any, payloads: tuple[Any, ...], weights: jax.Array) -> jax.Array:
         """The forward-only objective over `payloads` at the full horizon (on the device).
@@ -296,6 +300,23 @@ class Engine:
         losses, failed = tuple(s[0] for s in scored), tuple(s[1] for s in scored)
         row_weights = tuple(bp.row_weights for bp in payloads)
         return _weighted_sum(losses, failed, row_weights, weights)
+
+
+@eqx.filter_jit
+def _solver_effort(steps: tuple[jax.Array, ...], row_weights: tuple[Any, ...]) -> jax.Array:
+    """`[B, 4]`: per bucket, mean and max accepted steps, then mean and max rejected steps,
+    over its real rows whose counts are known (NaN when none is)."""
+    out = []
+    for s, w in zip(steps, row_weights, strict=True):
+        known = s[:, 0] >= 0
+        if w is not None:
+            known = known & (w > 0)
+        n = known.sum()
+        x = jnp.where(known[:, None], s, 0).astype(jnp.float32)
+        mean = jnp.where(n > 0, x.sum(axis=0) / jnp.maximum(n, 1), jnp.nan)
+        peak = jnp.where(n > 0, x.max(axis=0), jnp.nan)
+        out.append(jnp.stack([mean[0], peak[0], mean[1], peak[1]]))
+    return jnp.stack(out)
 
 
 @eqx.filter_jit

@@ -261,10 +261,15 @@ class Run:
             return False
         reports = _read_back([report for *_, report in self.pending])
         pending, self.pending = self.pending, []
-        for (step, phase, _), (stats, flags) in zip(pending, reports, strict=True):
+        on_effort = getattr(self.ui, "on_solver_steps", None)  # optional for duck-typed UIs
+        for (step, phase, _), ((stats, flags), effort) in zip(pending, reports, strict=True):
             loss, pen, ok = float(stats[0]), float(stats[1]), stats[2]
             self.history.append(loss)
             self.history.penalties.append(pen)
+            effort = tuple(tuple(float(v) for v in row) for row in effort)
+            self.history.solver_steps.append(effort)
+            if on_effort is not None:
+                on_effort(step=step, per_bucket=effort)
             self.ui.on_step_end(step=step, phase_idx=phase, loss=loss, penalty=pen)
             if flags.any():
                 self.report_failures(step, phase, flags)

@@ -31,6 +31,11 @@ class LossHistory(list):
     - `events`: what the `between_steps` hook reported (see
         [`BetweenStepsHook`][hybrid_kernels.BetweenStepsHook]), as JSON-ready dicts, each
         with at least a `"step"`: the number of steps done when the hook ran.
+    - `solver_steps`: per step, per bucket, `(mean accepted, max accepted, mean rejected,
+        max rejected)` solver steps over the bucket's experiments, from diffrax's `stats` of
+        the training solve itself (no extra solve; NaN where `simulate_fn` does not solve
+        through `solver.diffeqsolve`). A sudden rise says the model got stiff. Not kept in
+        checkpoints.
     """
 
     def __init__(self, values: Any = ()) -> None:
@@ -43,6 +48,7 @@ class LossHistory(list):
         self.best_step: int = -1
         self.best_loss: float = float("inf")
         self.events: list[dict[str, Any]] = []
+        self.solver_steps: list[tuple[tuple[float, float, float, float], ...]] = []
 
 
 class NonFiniteTrainingError(RuntimeError):

@@ -64,6 +64,10 @@ class TrainingUI:
     def on_step_end(self, *, step: int, phase_idx: int, loss: float, penalty: float) -> None:
         """Global step `step` (0-based) finished with data loss `loss` and penalty `penalty`."""
 
+    def on_solver_steps(self, *, step: int, per_bucket: tuple[tuple[float, ...], ...]) -> None:
+        """Solver effort of `step`, before its `on_step_end`: per bucket, `(mean accepted, max
+        accepted, mean rejected, max rejected)` steps (see `LossHistory.solver_steps`)."""
+
     def on_bad_step(self, *, step: int, phase_idx: int, loss: float) -> None:
         """Step `step` had a non-finite loss or gradient and was not applied."""
 
@@ -116,8 +120,18 @@ def _recorder(name: str):
     return method
 
 
-for _name in _EVENTS:
+for _name in (*_EVENTS, "on_solver_steps"):
     setattr(RecordingUI, _name, _recorder(_name))
+
+
+def _format_effort(per_bucket: tuple[tuple[float, ...], ...]) -> str:
+    """`solver steps b0 12/15 r0/1 | b1 ...`: per bucket, mean/max accepted, mean/max rejected."""
+    parts = [
+        f"b{b} {a:.0f}/{am:.0f} r{r:.0f}/{rm:.0f}"
+        for b, (a, am, r, rm) in enumerate(per_bucket)
+        if a == a  # NaN: the counts are unknown for this bucket
+    ]
+    return ("solver steps " + " | ".join(parts)) if parts else ""
 
 
 class _Clock:
@@ -195,6 +209,10 @@ class LogUI(TrainingUI):
         self._clock = _Clock()
         self._phase_end = 0
         self._failures = _Failures()
+        self._effort = ""
+
+    def on_solver_steps(self, *, step: int, per_bucket: tuple[tuple[float, ...], ...]) -> None:
+        self._effort = _format_effort(per_bucket)
 
     def _write(self, text: str) -> None:
         stream = sys.stdout if self.stream is None else self.stream
@@ -228,7 +246,7 @@ class LogUI(TrainingUI):
         self._write(
             f"phase {phase_idx} step {step + 1}/{self._clock.total} loss={loss:.6g} "
             f"penalty={penalty:.4g} {self._clock.rate():.1f} steps/s "
-            f"ETA {_format_eta(self._clock.eta())}"
+            f"ETA {_format_eta(self._clock.eta())}" + (f" {self._effort}" if self._effort else "")
         )
 
     def on_bad_step(self, *, step: int, phase_idx: int, loss: float) -> None:
@@ -267,6 +285,10 @@ class RichUI(TrainingUI):
         self._clock = _Clock()
         self._num_phases = 0
         self._failures = _Failures()
+        self._effort = ""
+
+    def on_solver_steps(self, *, step: int, per_bucket: tuple[tuple[float, ...], ...]) -> None:
+        self._effort = _format_effort(per_bucket)
 
     def on_run_start(self, *, total_steps: int, num_phases: int) -> None:
         from rich.console import Console
@@ -324,7 +346,8 @@ class RichUI(TrainingUI):
             self._progress.update(
                 self._step_task,
                 completed=step + 1,
-                info=f"loss {loss:.4e}  penalty {penalty:.3e}  {rate:.1f} steps/s  ETA {eta}",
+                info=f"loss {loss:.4e}  penalty {penalty:.3e}  {rate:.1f} steps/s  ETA {eta}"
+                + (f"  {self._effort}" if self._effort else ""),
             )
 
     def on_bad_step(self, *, step: int, phase_idx: int, loss: float) -> None:

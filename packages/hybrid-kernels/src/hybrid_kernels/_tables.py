@@ -1,0 +1,332 @@
+"""Long-format tables in and out: the way a lab keeps its data.
+
+A long table has one row per measurement: experiment, time, variable, value and an optional
+standard deviation. [`hybrid_kernels.experiments_from_table`][] turns it (and per-experiment
+covariate and input tables) into experiments; [`hybrid_kernels.predictions_table`][] turns
+predictions back into the same long format, with the same column names, and
+[`hybrid_kernels.metrics_table`][] summarises that table per variable. pandas is an optional
+dependency (`pip install hybrid-kernels[table]`), imported only here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from hybrid_kernels._inputs import INPUT_KINDS, piecewise_constant, piecewise_linear
+from hybrid_kernels.data import ChannelObs, Dataset, Experiment, make_experiment
+
+__all__ = ["experiments_from_table", "metrics_table", "predictions_table"]
+
+_WHERE = "experiments_from_table"
+
+
+def _pandas() -> Any:
+    try:
+        import pandas as pd
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "Tables need pandas: install the optional extra, `pip install hybrid-kernels[table]`."
+        ) from e
+    return pd
+
+
+def _read(table: Any, what: str) -> Any:
+    """A DataFrame from a DataFrame, or from a path pandas can read (CSV, Parquet, Excel)."""
+    pd = _pandas()
+    if isinstance(table, pd.DataFrame):
+        return table
+    if isinstance(table, str | os.PathLike):
+        path = os.fspath(table)
+        if path.endswith(".parquet"):
+            return pd.read_parquet(path)
+        if path.endswith((".xls", ".xlsx")):
+            return pd.read_excel(path)
+        return pd.read_csv(path)
+    raise TypeError(
+        f"{_WHERE}: `{what}` must be a pandas DataFrame or a path to a file pandas reads, "
+        f"got {type(table).__name__}."
+    )
+
+
+def _need(df: Any, cols: Sequence[str], what: str) -> None:
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise ValueError(
+            f"{_WHERE}: `{what}` has no column(s) {missing}; it has {list(df.columns)}. Name "
+            "them with the `*_col` arguments."
+        )
+
+
+def _numeric(df: Any, col: str, what: str, exp_col: str, var_col: str | None) -> np.ndarray:
+    pd = _pandas()
+    values = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=np.float64)
+    bad = np.isnan(values) & df[col].notna().to_numpy()
+    if bad.any():
+        row = df[bad].iloc[0]
+        var = f", variable {row[var_col]!r}" if var_col else ""
+        raise ValueError(
+            f"{_WHERE}: `{what}` experiment {row[exp_col]!r}{var}, field {col!r}: "
+            f"{row[col]!r} is not a number."
+        )
+    return values
+
+
+def experiments_from_table(
+    observations: Any,
+    *,
+    y0_fn: Callable[..., Any],
+    covariates: Any = None,
+    inputs: Any = None,
+    input_kinds: Mapping[str, str] | None = None,
+    variables: Sequence[str] | None = None,
+    t0: float | Mapping[str, float] | None = None,
+    exp_col: str = "experiment",
+    time_col: str = "time",
+    variable_col: str = "variable",
+    value_col: str = "value",
+    std_col: str | None = "std",
+) -> list[Experiment]:
+    """Experiments from a long-format table of measurements.
+
+    **Arguments:**
+
+    - `observations`: one row per measurement, with columns `exp_col`, `time_col`,
+        `variable_col`, `value_col` and optionally `std_col` (a standard deviation; the
+        variance is its square, 1 where absent). A pandas DataFrame or a path pandas reads.
+        A NaN value is a missing measurement and is skipped. Several rows of one variable at
+        one time are replicates: each is kept as its own observation and counts in the loss.
+    - `y0_fn`: as for [`hybrid_kernels.make_experiment`][]: `(covariates, channels) -> [S]`,
+        the state at `t0`.
+    - `covariates`: one row per experiment: `exp_col` and one column per covariate.
+    - `inputs`: long-format time-varying inputs: `exp_col`, `time_col`, `variable_col` (the
+        input name) and `value_col`; each (experiment, input) is one table.
+    - `input_kinds`: input name → `"constant"` (default: a step signal such as a feed) or
+        `"linear"` (a ramp). See [`hybrid_kernels.piecewise_constant`][].
+    - `variables`: the channels to build, in order (default: those in the table, sorted). Each
+        experiment gets every one, empty where it was never measured.
+    - `t0`: the start time, one float or experiment → float; see the start-time rule of
+        [`hybrid_kernels.make_experiment`][].
+    - `exp_col`, `time_col`, `variable_col`, `value_col`, `std_col`: the column names.
+        [`hybrid_kernels.predictions_table`][] writes the same names back.
+
+    **Returns:** the experiments in order of first appearance; `exp_id` is the experiment
+    column as a string. Every error names the experiment, the variable and the field; an
+    experiment listed twice in `covariates` raises.
+    """
+    obs = _read(observations, "observations")
+    cols = [exp_col, time_col, variable_col, value_col]
+    _need(obs, cols, "observations")
+    has_std = std_col is not None and std_col in obs.columns
+    obs = obs.assign(
+        **{exp_col: obs[exp_col].astype(str), variable_col: obs[variable_col].astype(str)}
+    )
+    times = _numeric(obs, time_col, "observations", exp_col, variable_col)
+    values = _numeric(obs, value_col, "observations", exp_col, variable_col)
+    stds = _numeric(obs, std_col, "observations", exp_col, variable_col) if has_std else None
+    names = sorted(obs[variable_col].unique()) if variables is None else list(variables)
+    ids = list(dict.fromkeys(obs[exp_col]))
+
+    cov_rows = _covariate_rows(covariates, exp_col, ids)
+    tables = _input_tables(inputs, input_kinds or {}, exp_col, time_col, variable_col, value_col)
+
+    keep = ~np.isnan(values)
+    out = []
+    groups = obs.groupby(exp_col, sort=False).indices
+    for exp_id in ids:
+        rows = groups[exp_id]
+        rows = rows[keep[rows]]
+        chans = {}
+        for name in names:
+            sel = rows[obs[variable_col].to_numpy()[rows] == name]
+            var = 1.0 if stds is None else np.where(np.isnan(stds[sel]), 1.0, stds[sel] ** 2)
+            try:
+                chans[name] = ChannelObs(times[sel], values[sel], var)
+            except ValueError as e:
+                raise ValueError(
+                    f"{_WHERE}: experiment {exp_id!r}, variable {name!r}: {e} (fields "
+                    f"{time_col!r}, {value_col!r}{', ' + repr(std_col) if has_std else ''})"
+                ) from e
+        start = t0.get(exp_id) if isinstance(t0, Mapping) else t0
+        try:
+            exp = make_experiment(
+                covariates=cov_rows.get(exp_id, {}),
+                channels=chans,
+                y0_fn=y0_fn,
+                exp_id=exp_id,
+                t0=start,
+                inputs=tables.get(exp_id, {}),
+            )
+        except ValueError as e:
+            raise ValueError(f"{_WHERE}: {e}") from e
+        out.append(exp)
+    return out
+
+
+def _covariate_rows(covariates: Any, exp_col: str, ids: list[str]) -> dict[str, dict[str, float]]:
+    if covariates is None:
+        return {}
+    df = _read(covariates, "covariates")
+    _need(df, [exp_col], "covariates")
+    df = df.assign(**{exp_col: df[exp_col].astype(str)})
+    dup = df[exp_col][df[exp_col].duplicated()]
+    if len(dup):
+        raise ValueError(
+            f"{_WHERE}: `covariates` lists experiment {dup.iloc[0]!r} twice (field {exp_col!r}); "
+            "give one row per experiment."
+        )
+    missing = [i for i in ids if i not in set(df[exp_col])]
+    if missing:
+        raise ValueError(
+            f"{_WHERE}: `covariates` has no row for experiment(s) {missing} (field {exp_col!r})."
+        )
+    out = {}
+    names = [c for c in df.columns if c != exp_col]
+    for _, row in df.iterrows():
+        for c in names:
+            if not np.isfinite(float(row[c])):
+                raise ValueError(
+                    f"{_WHERE}: `covariates` experiment {row[exp_col]!r}, variable {c!r}: the "
+                    f"value {row[c]!r} is missing or not finite; covariates must be given."
+                )
+        out[row[exp_col]] = {c: float(row[c]) for c in names}
+    return out
+
+
+def _input_tables(inputs, kinds, exp_col, time_col, variable_col, value_col):
+    if inputs is None:
+        return {}
+    df = _read(inputs, "inputs")
+    _need(df, [exp_col, time_col, variable_col, value_col], "inputs")
+    df = df.assign(**{exp_col: df[exp_col].astype(str), variable_col: df[variable_col].astype(str)})
+    for name, kind in kinds.items():
+        if kind not in INPUT_KINDS:
+            raise ValueError(
+                f"{_WHERE}: `input_kinds[{name!r}]` must be one of {INPUT_KINDS}, got {kind!r}."
+            )
+    times = _numeric(df, time_col, "inputs", exp_col, variable_col)
+    values = _numeric(df, value_col, "inputs", exp_col, variable_col)
+    out: dict[str, dict[str, Any]] = {}
+    for (exp_id, name), rows in df.groupby([exp_col, variable_col], sort=False).indices.items():
+        order = rows[np.argsort(times[rows], kind="stable")]
+        make = piecewise_linear if kinds.get(name, "constant") == "linear" else piecewise_constant
+        try:
+            out.setdefault(exp_id, {})[name] = make(times[order], values[order])
+        except ValueError as e:
+            raise ValueError(
+                f"{_WHERE}: `inputs` experiment {exp_id!r}, variable {name!r} (fields "
+                f"{time_col!r}, {value_col!r}): {e}"
+            ) from e
+    return out
+
+
+def predictions_table(
+    dataset: Dataset,
+    predictions: Sequence[Any],
+    *,
+    exp_col: str = "experiment",
+    time_col: str = "time",
+    variable_col: str = "variable",
+    value_col: str = "value",
+) -> Any:
+    """Predictions back in the lab's long format, one row per measured cell.
+
+    **Arguments:**
+
+    - `dataset`: the dataset the predictions were made on.
+    - `predictions`: one `[N, T, D]` array per bucket, e.g. from
+        [`hybrid_kernels.predict_dataset`][].
+    - `exp_col`, `time_col`, `variable_col`, `value_col`: column names, the same as given to
+        [`hybrid_kernels.experiments_from_table`][].
+
+    **Returns:** a DataFrame with columns `exp_col`, `time_col`, `variable_col`, `value_col`
+    (the measurement), `"prediction"` and `"residual"` (prediction − measurement). Replicates
+    stay separate rows; padding never appears.
+    """
+    pd = _pandas()
+    if len(predictions) != len(dataset.bucket_payloads):
+        raise ValueError(
+            f"predictions_table: `predictions` holds {len(predictions)} arrays but the dataset "
+            f"has {len(dataset.bucket_payloads)} buckets; pass predict_dataset's output."
+        )
+    names = np.asarray(dataset.output_channel_names, dtype=object)
+    parts = []
+    for b, (pred, bp, ids) in enumerate(
+        zip(predictions, dataset.bucket_payloads, dataset.exp_ids, strict=True)
+    ):
+        pred = np.asarray(pred, dtype=np.float64)
+        if pred.shape != tuple(bp.y_observed.shape):
+            raise ValueError(
+                f"predictions_table: `predictions[{b}]` has shape {pred.shape}; expected "
+                f"{tuple(bp.y_observed.shape)}, the shape of bucket {b}'s y_observed."
+            )
+        n, t, d = np.nonzero(np.asarray(bp.mask))
+        real = np.asarray(ids, dtype=object)[n] != ""
+        n, t, d = n[real], t[real], d[real]
+        obs = np.asarray(bp.y_observed, dtype=np.float64)[n, t, d]
+        p = pred[n, t, d]
+        parts.append(
+            pd.DataFrame(
+                {
+                    exp_col: np.asarray(ids, dtype=object)[n],
+                    time_col: np.asarray(bp.ts, dtype=np.float64)[n, t],
+                    variable_col: names[d],
+                    value_col: obs,
+                    "prediction": p,
+                    "residual": p - obs,
+                }
+            )
+        )
+    if not parts:
+        return pd.DataFrame(
+            columns=[exp_col, time_col, variable_col, value_col, "prediction", "residual"]
+        )
+    return pd.concat(parts, ignore_index=True).sort_values(
+        [exp_col, variable_col, time_col], kind="stable", ignore_index=True
+    )
+
+
+def metrics_table(
+    table: Any, *, by: Sequence[str] = ("variable",), value_col: str = "value"
+) -> Any:
+    """Error metrics of a [`hybrid_kernels.predictions_table`][], per group.
+
+    **Arguments:**
+
+    - `table`: the predictions table.
+    - `by`: the columns to group by: `("variable",)` (default; channels carry different units
+        and are never pooled) or e.g. `("experiment", "variable")`.
+    - `value_col`: the measurement column.
+
+    **Returns:** a DataFrame with the `by` columns and `n`, `mse`, `rmse`, `mae` and `r2`
+    (`1 - SS_res / SS_tot`, NaN for a constant group).
+    """
+    pd = _pandas()
+    missing = [c for c in (*by, value_col, "residual") if c not in table.columns]
+    if missing:
+        raise ValueError(f"metrics_table: `table` has no column(s) {missing}.")
+
+    def stats(g: Any) -> Any:
+        r = g["residual"].to_numpy()
+        y = g[value_col].to_numpy()
+        ss_tot = float(((y - y.mean()) ** 2).sum())
+        mse = float((r**2).mean())
+        return pd.Series(
+            {
+                "n": len(r),
+                "mse": mse,
+                "rmse": float(np.sqrt(mse)),
+                "mae": float(np.abs(r).mean()),
+                "r2": 1 - mse * len(r) / ss_tot if ss_tot > 0 else float("nan"),
+            }
+        )
+
+    rows = [
+        {**dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True)), **stats(g)}
+        for key, g in table.groupby(list(by), sort=True)
+    ]
+    out = pd.DataFrame(rows, columns=[*by, "n", "mse", "rmse", "mae", "r2"])
+    return out.astype({"n": int})

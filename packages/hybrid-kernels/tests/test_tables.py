@@ -1,0 +1,187 @@
+"""Long-format tables in and out, and splitting held-out experiments by id (issue 13)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hybrid_kernels as hk
+
+pd = pytest.importorskip("pandas")
+
+jax.config.update("jax_enable_x64", True)
+
+
+def y0_fn(covariates, channels):
+    return jnp.array([covariates["x0"], 0.0])
+
+
+def long_table():
+    rows = [
+        ("r1", 0.0, "X", 1.0, 0.1),
+        ("r1", 1.0, "X", 2.0, 0.1),
+        ("r1", 1.0, "X", 2.2, 0.1),  # a replicate
+        ("r1", 1.0, "S", np.nan, 0.1),  # a missing cell
+        ("r1", 2.0, "S", 5.0, np.nan),  # no standard deviation: variance 1
+        ("r2", 0.0, "X", 3.0, 0.2),
+        ("r2", 0.5, "S", 4.0, 0.2),
+    ]
+    return pd.DataFrame(rows, columns=["experiment", "time", "variable", "value", "std"])
+
+
+COVS = pd.DataFrame({"experiment": ["r1", "r2"], "x0": [1.0, 3.0]})
+FEEDS = pd.DataFrame(
+    {
+        "experiment": ["r1", "r1", "r2"],
+        "time": [1.5, 0.0, 0.0],  # unsorted on purpose
+        "variable": ["feed"] * 3,
+        "value": [2.0, 0.0, 1.0],
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def experiments():
+    return hk.experiments_from_table(long_table(), y0_fn=y0_fn, covariates=COVS, inputs=FEEDS)
+
+
+def test_experiments_come_in_table_order_with_string_ids(experiments):
+    assert [e.exp_id for e in experiments] == ["r1", "r2"]
+
+
+def test_nan_is_missing_and_replicates_are_kept(experiments):
+    r1 = experiments[0]
+    np.testing.assert_array_equal(r1.channels["X"].ts, [0.0, 1.0, 1.0])
+    np.testing.assert_array_equal(r1.channels["S"].ts, [2.0])
+
+
+def test_std_becomes_variance_and_a_missing_std_is_one(experiments):
+    np.testing.assert_allclose(experiments[0].channels["X"].variance, [0.01] * 3)
+    np.testing.assert_allclose(experiments[0].channels["S"].variance, [1.0])
+
+
+def test_covariates_feed_y0_fn(experiments):
+    np.testing.assert_array_equal(experiments[1].y0, [3.0, 0.0])
+
+
+def test_input_tables_become_sorted_piecewise_constant_signals(experiments):
+    feed = experiments[0].inputs["feed"]
+    assert feed.kind == "constant"
+    np.testing.assert_array_equal(feed.ts, [0.0, 1.5])
+
+
+def test_a_variable_never_measured_in_an_experiment_is_an_empty_channel(experiments):
+    assert experiments[1].channels["X"].ts.tolist() == [0.0]
+    ds = hk.make_dataset(experiments, output_channel_names=["X", "S"])
+    assert ds.n_experiments == 2
+
+
+def test_a_csv_path_reads_like_the_frame(tmp_path):
+    path = tmp_path / "obs.csv"
+    long_table().to_csv(path, index=False)
+    exps = hk.experiments_from_table(path, y0_fn=y0_fn, covariates=COVS)
+    assert [e.exp_id for e in exps] == ["r1", "r2"]
+
+
+def test_custom_column_names_are_used():
+    table = long_table().rename(columns={"experiment": "run", "value": "y"})
+    covs = COVS.rename(columns={"experiment": "run"})
+    exps = hk.experiments_from_table(
+        table, y0_fn=y0_fn, covariates=covs, exp_col="run", value_col="y"
+    )
+    assert len(exps) == 2
+
+
+def test_a_duplicate_experiment_in_covariates_raises():
+    covs = pd.concat([COVS, COVS.iloc[:1]])
+    with pytest.raises(ValueError, match="lists experiment 'r1' twice"):
+        hk.experiments_from_table(long_table(), y0_fn=y0_fn, covariates=covs)
+
+
+def test_a_missing_covariate_row_raises_naming_the_experiment():
+    with pytest.raises(ValueError, match=r"no row for experiment\(s\) \['r2'\]"):
+        hk.experiments_from_table(long_table(), y0_fn=y0_fn, covariates=COVS.iloc[:1])
+
+
+def test_a_non_numeric_value_names_experiment_variable_and_field():
+    table = long_table().astype({"value": object})
+    table.loc[1, "value"] = "n/a"
+    with pytest.raises(ValueError, match="experiment 'r1', variable 'X', field 'value'"):
+        hk.experiments_from_table(table, y0_fn=y0_fn, covariates=COVS)
+
+
+def test_a_bad_observation_names_experiment_variable_and_field():
+    table = long_table()
+    table.loc[1, "std"] = 0.0  # a zero variance
+    with pytest.raises(ValueError, match="experiment 'r1', variable 'X': .*'std'"):
+        hk.experiments_from_table(table, y0_fn=y0_fn, covariates=COVS)
+
+
+def test_a_bad_input_table_names_experiment_variable_and_field():
+    feeds = pd.concat([FEEDS, FEEDS.iloc[:1]])  # a repeated switch time
+    with pytest.raises(ValueError, match="`inputs` experiment 'r1', variable 'feed'"):
+        hk.experiments_from_table(long_table(), y0_fn=y0_fn, covariates=COVS, inputs=feeds)
+
+
+def test_a_late_first_sample_without_t0_names_the_experiment():
+    table = long_table()
+    table = table[~((table.experiment == "r1") & (table.time == 0.0))]
+    with pytest.raises(ValueError, match=r"make_experiment\('r1'\): no `t0` given"):
+        hk.experiments_from_table(table, y0_fn=y0_fn, covariates=COVS)
+    exps = hk.experiments_from_table(table, y0_fn=y0_fn, covariates=COVS, t0=0.0)
+    assert exps[0].t0 == 0.0
+
+
+# --- out ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dataset(experiments):
+    return hk.make_dataset(experiments, output_channel_names=["X", "S"])
+
+
+def fake_predictions(dataset):
+    return [np.asarray(bp.y_observed) + 0.5 for bp in dataset.bucket_payloads]
+
+
+def test_predictions_table_has_one_row_per_measured_cell_with_the_same_columns(dataset):
+    table = hk.predictions_table(dataset, fake_predictions(dataset))
+    assert list(table.columns) == [
+        "experiment",
+        "time",
+        "variable",
+        "value",
+        "prediction",
+        "residual",
+    ]
+    assert len(table) == 6  # 7 rows minus the missing one; the replicate is its own row
+    r1x = table[(table.experiment == "r1") & (table.variable == "X")]
+    assert sorted(r1x.value) == [1.0, 2.0, 2.2]
+    np.testing.assert_allclose(table.residual, 0.5)
+
+
+def test_metrics_table_summarises_per_variable(dataset):
+    table = hk.predictions_table(dataset, fake_predictions(dataset))
+    metrics = hk.metrics_table(table)
+    assert list(metrics.variable) == ["S", "X"]
+    np.testing.assert_allclose(metrics.rmse, 0.5)
+    assert list(metrics.n) == [2, 4]
+
+
+def test_predictions_table_rejects_a_wrong_bucket_count(dataset):
+    with pytest.raises(ValueError, match="holds 0 arrays"):
+        hk.predictions_table(dataset, [])
+
+
+# --- split by ids ---------------------------------------------------------------------------
+
+
+def test_split_dataset_by_ids_holds_out_the_named_experiments(dataset):
+    rest, held = hk.split_dataset_by_ids(dataset, ["r2"])
+    assert [e.exp_id for e in held.experiments] == ["r2"]
+    assert [e.exp_id for e in rest.experiments] == ["r1"]
+
+
+def test_split_dataset_by_ids_rejects_an_unknown_id(dataset):
+    with pytest.raises(ValueError, match=r"id\(s\) \['r9'\] \(field `exp_ids`\)"):
+        hk.split_dataset_by_ids(dataset, ["r9"])
