@@ -29,7 +29,9 @@ def test_rich_metrics_table_has_one_row_per_channel_with_every_statistic():
 
 
 def test_rich_metrics_table_shows_nan_as_a_dash():
-    line = next(line for line in render(hk.rich_metrics_table(METRICS)).splitlines() if "│ z" in line)
+    line = next(
+        line for line in render(hk.rich_metrics_table(METRICS)).splitlines() if "│ z" in line
+    )
     assert line.count("-") == 4 and "nan" not in line
 
 

@@ -113,7 +113,7 @@ def test_a_non_numeric_value_names_experiment_variable_and_field():
 def test_a_bad_observation_names_experiment_variable_and_field():
     table = long_table()
     table.loc[1, "std"] = 0.0  # a zero variance
-    with pytest.raises(ValueError, match="experiment 'r1', variable 'X': .*'std'"):
+    with pytest.raises(ValueError, match=r"experiment 'r1', variable 'X': .*'std'"):
         hk.experiments_from_table(table, y0_fn=y0_fn, covariates=COVS)
 
 

@@ -24,10 +24,10 @@ __all__ = [
     "ChannelMetrics",
     "compute_metrics",
     "ensemble_predictions",
-    "rich_metrics_table",
     "predict_bucket",
     "predict_dataset",
     "predict_dense",
+    "rich_metrics_table",
 ]
 
 
