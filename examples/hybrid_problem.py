@@ -299,7 +299,7 @@ def bucket_objective(dataset: hk.Dataset, solver: hk.SolverConfig) -> Callable[[
 
 def standard_config(**overrides) -> hk.OptaxTrainingConfig:
     """Two phases of Adam(W) over the bank's float blocks."""
-    settings = dict(steps=(100, 100), lr=(0.05, 0.02), verbose=False, log_every=10)
+    settings = dict(steps=(200, 200), lr=(0.05, 0.02), verbose=False, log_every=10)
     settings.update(overrides)
     return hk.OptaxTrainingConfig(**settings)
 

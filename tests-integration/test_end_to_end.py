@@ -8,7 +8,7 @@ import confluent_bank as cb
 
 import hybrid_problem as P
 
-G_TOLERANCE = 0.05  # max |bank(y) - g(y)| over the observed range, after 200 steps
+G_TOLERANCE = 0.05  # max |bank(y) - g(y)| over the observed range, after 400 steps
 
 
 def test_dataset_has_many_experiments_in_several_buckets(standard_run):

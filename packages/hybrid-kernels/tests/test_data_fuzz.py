@@ -174,12 +174,15 @@ def build(exps, names, storage):
     experiments = []
     for e in exps:
         channels = {name: hk.ChannelObs(**kw) for name, kw in e["channels"].items()}
+        # Start each solve at the first observed time: the fuzz is about values, not t0.
+        firsts = [float(np.min(c.ts)) for c in channels.values() if c.ts.size]
         experiments.append(
             hk.make_experiment(
                 covariates=e["covariates"],
                 channels=channels,
                 y0_fn=lambda c, ch, y0=e["y0"]: y0,
                 exp_id=e["exp_id"],
+                t0=min(firsts, default=0.0),
             )
         )
     return hk.make_dataset(experiments, output_channel_names=names, dtype=storage)

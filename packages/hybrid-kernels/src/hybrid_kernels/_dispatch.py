@@ -180,7 +180,7 @@ class _BucketKernel:
         solver = dataclasses.replace(self._objective.solver, throw=False)
         objective = dataclasses.replace(self._objective, solver=solver)
         try:
-            _, failed = self._diagnose(objective, predictors, bp, fraction, weight)
+            _, failed, _ = self._diagnose(objective, predictors, bp, fraction, weight)
         except Exception:  # the diagnosis must never hide the original error
             return
         rows = tuple(int(r) for r in np.flatnonzero(np.asarray(failed)))

@@ -281,7 +281,7 @@ class Run:
             self.ui.on_bad_step(step=step, phase_idx=phase, loss=loss)
             if self.bad_run >= self.config.max_bad_steps:
                 self._diverged(phase, step)
-        since_best = int(reports[-1][0][3])
+        since_best = int(reports[-1][0][0][3])
         patience = self.config.patience
         return self.best_on_loss and patience > 0 and since_best >= patience
 
