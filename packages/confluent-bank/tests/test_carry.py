@@ -96,7 +96,7 @@ def test_a_birth_seeds_second_moments_from_the_active_siblings(pair_bank):
     for name in cb.PARAMETER_NAMES:
         assert np.all(np.asarray(carried.moments["first"][name])[3] == 0), name
         old = np.asarray(state.moments["second"][name])[:3]
-        seeded = np.mean(np.sqrt(old), axis=0) ** 2
+        seeded = np.sum(np.sqrt(old), axis=0) ** 2
         np.testing.assert_allclose(carried.moments["second"][name][3], seeded, rtol=1e-12)
     carry = cb.transition_carry(pair_bank, proposal)
     assert ("weights", 3, 0) in carry.fresh

@@ -21,9 +21,13 @@ optimizer's statistics of the gradient can follow instead of restarting at zero:
   `directions`, an unknown proposal kind's slots) start with zero first moments and are
   listed in `TransitionCarry.fresh` so a warm-up (`confluent_bank.optax.row_warmup`) can
   ramp their updates in. Their second moments are seeded from their siblings (the same
-  block and column of the other active slots), `ν_new = (mean_o √ν_o)²`: a newborn weight's
+  block and column of the other active slots), `ν_new = (Σ_o √ν_o)²`: a newborn weight's
   gradient has the scale of the other weights' gradients, and an adaptive optimizer with
-  `ν = 0` would otherwise take a full learning-rate step whatever the gradient's size.
+  `ν = 0` would otherwise take a full learning-rate step whatever the gradient's size. The
+  sum, not the mean, is the transport's own bound with unit coefficients: a conservative
+  seed, since adabelief's `ν` (the variance of a converged gradient) is tiny and a mean
+  seed let its newborn slot drift into a growing oscillation (2.6× the control's loss within
+  50 steps in the spike problem; 1.0× with the sum).
   Rows of switched-off slots are zeroed (they no longer affect the loss).
 * A **derivative** (`ρ → 0`) keeps its coordinates: its moments are left as they are.
 
@@ -86,7 +90,7 @@ class TransitionCarry:
       receives `coefficient ×` the old one at `old` (the matrix `G` of the module docs).
     - `fresh`: coordinates that start from zero first moments and should be warmed in.
     - `seeds`: `(new, old, coefficient)` triples applied to second moments only: each fresh
-      coordinate's second moment from its siblings (`coefficient = 1/count`).
+      coordinate's second moment from its siblings (`coefficient = 1`).
     """
 
     kind: str
@@ -235,7 +239,7 @@ def _carry_from_host(
         int(i) for i in np.flatnonzero(np.asarray(host["active"], dtype=bool)) if i not in slots
     ]
     seeds = [
-        ((name, row, column), (name, other, column), 1 / len(siblings))
+        ((name, row, column), (name, other, column), 1.0)
         for name, row, column in fresh
         for other in siblings
     ]
