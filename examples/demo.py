@@ -48,7 +48,7 @@ def _arguments() -> argparse.Namespace:
         default=int(os.environ.get("DEMO_SCALE", "1")),
         help="multiply the number of experiments and the horizon (env DEMO_SCALE; default 1)",
     )
-    parser.add_argument("--steps", type=int, default=160, help="optimiser steps in all")
+    parser.add_argument("--steps", type=int, default=400, help="optimiser steps in all")
     parser.add_argument("--float32", action="store_true", help="train in float32")
     parser.add_argument("--out", type=Path, default=Path("demo-output"), help="output folder")
     return parser.parse_args()
