@@ -246,6 +246,17 @@ def test_load_run_rejects_a_damaged_run_with_a_value_error(saved, damage, words)
         hk.load_run(path, predictors())
 
 
+def test_one_changed_digit_in_the_manifest_is_refused(saved):
+    path, _ = saved
+    text = (path / "run.json").read_text()
+    position = text.index('"history"')
+    digit = next(i for i in range(position, len(text)) if text[i].isdigit())
+    changed = "1" if text[digit] != "1" else "2"
+    (path / "run.json").write_text(text[:digit] + changed + text[digit + 1 :])
+    with pytest.raises(ValueError, match="checksum does not match"):
+        hk.load_run(path, predictors())
+
+
 def test_load_run_rejects_a_path_that_is_not_a_directory(tmp_path):
     with pytest.raises(ValueError, match="is not a directory"):
         hk.load_run(tmp_path / "nothing", predictors())

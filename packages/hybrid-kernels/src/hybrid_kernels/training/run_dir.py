@@ -8,12 +8,15 @@ run/
 ```
 
 The folder is written beside its destination under a temporary name and renamed into place,
-so an interrupted save leaves either the previous run or none, never half of one.
+so an interrupted save leaves either the previous run or none, never half of one. `run.json`
+ends with a SHA-256 of its other contents, and the two files carry their own checksums, so a
+changed digit anywhere is refused on load instead of loading another run.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -270,7 +273,7 @@ def save_run(
         if state is not None:
             save_training_state(staging / _STATE, state)
         with open(staging / _MANIFEST, "w") as f:
-            json.dump(manifest, f, indent=1)
+            json.dump({**manifest, "checksum": _checksum(manifest)}, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
         _swap_into_place(staging, path)
@@ -297,6 +300,12 @@ def _swap_into_place(staging: Path, path: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _checksum(manifest: Mapping[str, Any]) -> str:
+    # Over a canonical dump, so the file's own indentation does not matter.
+    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def _read_manifest(path: Path) -> dict[str, Any]:
     if not path.is_dir():
         raise ValueError(f"load_run: {str(path)!r} is not a directory")
@@ -312,6 +321,12 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         raise ValueError(
             f"load_run: {str(path)!r} has run format version {manifest.get('version')!r}; "
             f"this hybrid_kernels reads version {_VERSION}"
+        )
+    stored = manifest.pop("checksum", None)
+    if stored != _checksum(manifest):
+        raise ValueError(
+            f"load_run: {str(path / _MANIFEST)!r} is damaged: its checksum does not match its "
+            "contents (altered or truncated after saving)"
         )
     missing = [k for k in ("solver", "config", "history", "leaves", "files") if k not in manifest]
     if missing:
