@@ -87,6 +87,7 @@ def _make_tail(apply_update: Callable[..., tuple[Any, Any]]) -> Callable[..., An
         grads,
         failed,
         row_weights,
+        steps,
         weights,
         penalty,
         pen_grads,
@@ -118,7 +119,8 @@ def _make_tail(apply_update: Callable[..., tuple[Any, Any]]) -> Callable[..., An
         # Everything the host may need about this step, in one array: one transfer per read.
         dtype = jnp.result_type(loss, penalty)
         stats = jnp.stack([loss, penalty, finite, track.since_best], dtype=dtype)
-        return new_predictors, new_state, track, (stats, jnp.concatenate(failed))
+        report = ((stats, jnp.concatenate(failed)), _solver_effort(steps, row_weights))
+        return new_predictors, new_state, track, report
 
     return tail
 
@@ -282,13 +284,13 @@ class Engine:
             tuple(grads),
             tuple(failed),
             tuple(bp.row_weights for bp in payloads),
+            tuple(steps),
             weights,
             penalty,
             pen_grads,
             best_on_loss,
         )
-        effort = _solver_effort(tuple(steps), tuple(bp.row_weights for bp in payloads))
-        return (*state, (report, effort))
+        return (*state, report)
 
     def score(self, predictors: Any, payloads: tuple[Any, ...], weights: jax.Array) -> jax.Array:
         """The forward-only objective over `payloads` at the full horizon (on the device).
@@ -302,7 +304,6 @@ class Engine:
         return _weighted_sum(losses, failed, row_weights, weights)
 
 
-@eqx.filter_jit
 def _solver_effort(steps: tuple[jax.Array, ...], row_weights: tuple[Any, ...]) -> jax.Array:
     """`[B, 4]`: per bucket, mean and max accepted steps, then mean and max rejected steps,
     over its real rows whose counts are known (NaN when none is)."""
