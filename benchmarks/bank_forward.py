@@ -48,8 +48,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import confluent_bank as cb  # noqa: E402
-import confluent_bank.bank as bank_module  # noqa: E402
-from confluent_bank.activations import riccati_coefficients  # noqa: E402
+import confluent_bank._bank as bank_module  # noqa: E402
+from confluent_bank._activations import riccati_coefficients  # noqa: E402
 
 POINTS = 1024
 

@@ -32,7 +32,7 @@ import numpy as np
 import optax
 
 import hybrid_kernels as hk
-from hybrid_kernels.training import _engine
+from hybrid_kernels._training import _engine
 
 
 class DampedOscillator(eqx.Module):

@@ -11,7 +11,7 @@ import pytest
 from jax.experimental import jet
 
 import confluent_bank as cb
-from confluent_bank.activations import MAX_TOWER_ORDER, riccati_coefficients
+from confluent_bank._activations import MAX_TOWER_ORDER, riccati_coefficients
 
 X = jnp.array([-0.2, 0.0, 0.5])
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import confluent_bank as cb
-import confluent_bank.bank as bank_module
+import confluent_bank._bank as bank_module
 from conftest import (
     PB_DIGEST,
     PB_FORWARD,
@@ -307,7 +307,7 @@ def test_checkpoint_wraps_the_snapshot(pair_bank):
 def test_propose_methods_delegate_to_the_proposal_rules(
     pair_bank, monkeypatch, method, args, kwargs
 ):
-    from confluent_bank import proposals
+    from confluent_bank import _proposals as proposals
 
     seen = []
     monkeypatch.setattr(proposals, method, lambda *a, **k: seen.append((a, k)) or "proposal")

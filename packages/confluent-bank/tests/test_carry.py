@@ -1,4 +1,4 @@
-"""Carrying moments through a transition's change of coordinates (`confluent_bank.carry`)."""
+"""Carrying moments through a transition's change of coordinates (`confluent_bank._carry`)."""
 
 import jax
 import jax.numpy as jnp

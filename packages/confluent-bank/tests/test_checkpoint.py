@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import confluent_bank as cb
-import confluent_bank.checkpoint as checkpoint_module
+import confluent_bank._checkpoint as checkpoint_module
 from conftest import PB_DIGEST
 
 

@@ -19,7 +19,7 @@ from _transition_helpers import (
 )
 
 import confluent_bank as cb
-from confluent_bank import commit, proposals
+from confluent_bank import _commit as commit, _proposals as proposals
 
 jax.config.update("jax_enable_x64", True)
 

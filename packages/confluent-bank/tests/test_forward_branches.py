@@ -15,7 +15,7 @@ import pytest
 from _transition_helpers import always, moments
 
 import confluent_bank as cb
-import confluent_bank.bank as bank_module
+import confluent_bank._bank as bank_module
 from conftest import set_rows
 
 Z = jnp.linspace(-2.0, 2.0, 9)

@@ -11,7 +11,7 @@ import pytest
 from _transition_helpers import PB_DIGEST
 
 import confluent_bank as cb
-from confluent_bank import proposals
+from confluent_bank import _proposals as proposals
 
 jax.config.update("jax_enable_x64", True)
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import confluent_bank as cb
-import confluent_bank.bank as bank_module
+import confluent_bank._bank as bank_module
 from conftest import set_rows
 
 

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hybrid_kernels as hk
-import hybrid_kernels.serialise as serialise
-from hybrid_kernels.training import state as state_module
+import hybrid_kernels._serialise as serialise
+from hybrid_kernels._training import state as state_module
 
 jax.config.update("jax_enable_x64", True)
 

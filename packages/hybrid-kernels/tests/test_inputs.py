@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import hybrid_kernels as hk
-from hybrid_kernels.kernels import _simulate_with_steps
+from hybrid_kernels._kernels import _simulate_with_steps
 
 jax.config.update("jax_enable_x64", True)
 

@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_kernels.bounded import BoundedPredictor, BoundScaler
-from hybrid_kernels.data import ChannelObs, make_dataset, make_experiment
-from hybrid_kernels.kernels import apply_length_mask
-from hybrid_kernels.penalties import (
+from hybrid_kernels._bounded import BoundedPredictor, BoundScaler
+from hybrid_kernels._data import ChannelObs, make_dataset, make_experiment
+from hybrid_kernels._kernels import apply_length_mask
+from hybrid_kernels._penalties import (
     bound_penalty,
     box_grid,
     data_penalty_points,

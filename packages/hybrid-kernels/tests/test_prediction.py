@@ -7,17 +7,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_kernels.data import ChannelObs, make_dataset, make_experiment
-from hybrid_kernels.kernels import build_bucket_step
-from hybrid_kernels.losses import masked_mse
-from hybrid_kernels.prediction import (
+from hybrid_kernels._data import ChannelObs, make_dataset, make_experiment
+from hybrid_kernels._kernels import build_bucket_step
+from hybrid_kernels._losses import masked_mse
+from hybrid_kernels._prediction import (
     compute_metrics,
     ensemble_predictions,
     predict_bucket,
     predict_dataset,
     predict_dense,
 )
-from hybrid_kernels.solver import SolverConfig
+from hybrid_kernels._solver import SolverConfig
 
 jax.config.update("jax_enable_x64", True)
 

@@ -13,7 +13,7 @@ import pytest
 
 import hybrid_kernels as hk
 from conftest import Rate, tiny_solver
-from hybrid_kernels.training import run_dir
+from hybrid_kernels._training import run_dir
 
 jax.config.update("jax_enable_x64", True)
 

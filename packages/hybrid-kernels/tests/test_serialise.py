@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import hybrid_kernels.serialise as serialise
-from hybrid_kernels.bounded import BoundedPredictor, BoundScaler
-from hybrid_kernels.serialise import load_predictors, read_predictors_metadata, save_predictors
+import hybrid_kernels._serialise as serialise
+from hybrid_kernels._bounded import BoundedPredictor, BoundScaler
+from hybrid_kernels._serialise import load_predictors, read_predictors_metadata, save_predictors
 
 jax.config.update("jax_enable_x64", True)
 
@@ -149,7 +149,7 @@ def test_files_load_in_a_fresh_process(tmp_path):
         import sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from test_serialise import _model, _leaves_equal
-        from hybrid_kernels.serialise import load_predictors
+        from hybrid_kernels._serialise import load_predictors
         loaded = load_predictors({str(tmp_path / "p.eqx")!r}, _model(seed=0))
         assert _leaves_equal(loaded, _model(seed=3))
         """

@@ -12,9 +12,9 @@ import pytest
 from _train_models import omega_start, osc_dataset, quiet
 
 import hybrid_kernels as hk
-from hybrid_kernels.training import ensembles
-from hybrid_kernels.training.history import LossHistory
-from hybrid_kernels.training.trainer import RunResult
+from hybrid_kernels._training import ensembles
+from hybrid_kernels._training.history import LossHistory
+from hybrid_kernels._training.trainer import RunResult
 
 NAN, INF = math.nan, math.inf
 

@@ -13,7 +13,7 @@ import pytest
 
 import hybrid_kernels as hk
 from conftest import Rate, decay_simulate, identity_output, tiny_solver
-from hybrid_kernels.training.state import TrainingState, load_training_state, save_training_state
+from hybrid_kernels._training.state import TrainingState, load_training_state, save_training_state
 
 jax.config.update("jax_enable_x64", True)
 

@@ -9,7 +9,7 @@ import pytest
 from _train_models import omega_start, osc_dataset, quiet, train
 
 import hybrid_kernels as hk
-from hybrid_kernels.training.state import read_training_meta
+from hybrid_kernels._training.state import read_training_meta
 
 jax.config.update("jax_enable_x64", True)
 

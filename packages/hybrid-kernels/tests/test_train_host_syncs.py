@@ -6,7 +6,7 @@ import pytest
 from _train_models import quiet, train
 
 import hybrid_kernels as hk
-from hybrid_kernels.training import _engine, _run
+from hybrid_kernels._training import _engine, _run
 
 jax.config.update("jax_enable_x64", True)
 

@@ -13,7 +13,7 @@ import pytest
 from _train_models import omega_start, osc_dataset, quiet, train
 
 import hybrid_kernels as hk
-from hybrid_kernels.training import state as state_module
+from hybrid_kernels._training import state as state_module
 
 jax.config.update("jax_enable_x64", True)
 

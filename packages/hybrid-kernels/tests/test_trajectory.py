@@ -7,13 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_kernels.bounded import BoundedPredictor, BoundScaler
-from hybrid_kernels.data import ChannelObs, make_dataset, make_experiment
-from hybrid_kernels.kernels import build_bucket_step
-from hybrid_kernels.losses import masked_mse
-from hybrid_kernels.solver import SolverConfig
-from hybrid_kernels.trainable import trainable_mask
-from hybrid_kernels.trajectory import (
+from hybrid_kernels._bounded import BoundedPredictor, BoundScaler
+from hybrid_kernels._data import ChannelObs, make_dataset, make_experiment
+from hybrid_kernels._kernels import build_bucket_step
+from hybrid_kernels._losses import masked_mse
+from hybrid_kernels._solver import SolverConfig
+from hybrid_kernels._trainable import trainable_mask
+from hybrid_kernels._trajectory import (
     attach_penalty_state,
     penalty_integral,
     penalty_vector_field,

@@ -11,14 +11,14 @@ private-by-convention concept module.
 
 from confluent_bank.__about__ import __version__
 from confluent_bank._host import snapshot_digest
-from confluent_bank.activations import (
+from confluent_bank._activations import (
     ActivationSpec,
     get_activation,
     sigma_tower,
     sigma_tower_rows,
 )
-from confluent_bank.atoms import collision_atom, moment_atom, retract_spread
-from confluent_bank.bank import (
+from confluent_bank._atoms import collision_atom, moment_atom, retract_spread
+from confluent_bank._bank import (
     PARAMETER_NAMES,
     STATE_NAMES,
     ConfluentPackBank,
@@ -26,14 +26,14 @@ from confluent_bank.bank import (
     bank_slot_terms,
     init_confluent_bank,
 )
-from confluent_bank.bounds import (
+from confluent_bank._bounds import (
     cluster_remainder,
     derivative_bound,
     pair_derivative_error,
     pair_series_error,
     within_error_budget,
 )
-from confluent_bank.carry import (
+from confluent_bank._carry import (
     TransitionCarry,
     TransitionStateAdapter,
     apply_carry,
@@ -41,13 +41,13 @@ from confluent_bank.carry import (
     moment_carry_adapter,
     transition_carry,
 )
-from confluent_bank.checkpoint import bank_from_checkpoint, load_checkpoint, save_checkpoint
-from confluent_bank.commit import commit_transition, detect_transitions
-from confluent_bank.hook import TransitionEvent, TransitionHook
-from confluent_bank.legacy import AdaptivePackBank, init_pack_bank, legacy_forward, migrate_legacy
-from confluent_bank.moments import Interval, MomentInitialization, initialize_moments, pair_moments
-from confluent_bank.records import RefinedPack, SlotUpdate, TransitionProposal
-from confluent_bank.transport import (
+from confluent_bank._checkpoint import bank_from_checkpoint, load_checkpoint, save_checkpoint
+from confluent_bank._commit import commit_transition, detect_transitions
+from confluent_bank._hook import TransitionEvent, TransitionHook
+from confluent_bank._legacy import AdaptivePackBank, init_pack_bank, legacy_forward, migrate_legacy
+from confluent_bank._moments import Interval, MomentInitialization, initialize_moments, pair_moments
+from confluent_bank._records import RefinedPack, SlotUpdate, TransitionProposal
+from confluent_bank._transport import (
     ExactTransportAdapter,
     NamedMomentState,
     OptimizerStateAdapter,

@@ -18,7 +18,7 @@ The adapters walk the optax state (chains, `inject_hyperparams`, `masked`,
 (`mu`, `nu`, `trace`, ...). Inside each moment tree they find the node shaped like the bank:
 the `bank.parameters` dict or a `ConfluentPackBank` (full, or filtered with `None` leaves),
 at the root or nested anywhere in a larger model pytree. At a commit its rows are carried
-through the transition's change of coordinates (`confluent_bank.carry`: first moments
+through the transition's change of coordinates (`confluent_bank._carry`: first moments
 exactly through the Jacobian, second moments by a bound) and the warm-up counters of fresh
 coordinates restart; both transports permute the rows and sign-flip the relabelled
 `weights`/`scales` rows of odd moments (`mu`, `trace`; never `nu`). Step counts,
@@ -39,9 +39,9 @@ import jax.numpy as jnp
 import optax
 
 from confluent_bank._host import PARAMETER_NAMES, STATE_NAMES
-from confluent_bank.bank import ConfluentPackBank
-from confluent_bank.carry import TransitionCarry, apply_carry
-from confluent_bank.transport import SIGN_BLOCKS, _gather_rows, _negate_rows, _zero_rows
+from confluent_bank._bank import ConfluentPackBank
+from confluent_bank._carry import TransitionCarry, apply_carry
+from confluent_bank._transport import SIGN_BLOCKS, _gather_rows, _negate_rows, _zero_rows
 
 __all__ = [
     "KNOWN_STATE_PARITIES",
@@ -365,7 +365,7 @@ def commit_adapter(
     By default a `TransitionStateAdapter`: `commit_transition` hands it the proposal's
     `TransitionCarry`, and it carries every moment tree (`mu`, `nu`, `trace`, ...) of the
     bank-shaped node through the transition's change of coordinates (see
-    `confluent_bank.carry`): odd moments exactly through the Jacobian, even ones by the
+    `confluent_bank._carry`): odd moments exactly through the Jacobian, even ones by the
     Cauchy–Schwarz bound; fresh coordinates (a birth's slot, a pair's `directions`) start at
     zero and their `row_warmup` counters restart. Step counts and everything else are kept.
     Called directly as `adapter(state, bank, slots)` (without a carry), or with

@@ -2,7 +2,7 @@
 
 Experiments of equal shape are grouped into buckets; each bucket shape gets one compiled
 ``(loss, grads)`` kernel. Alongside it sit a forward-only scorer, a once-per-step penalty and
-a single optimiser update; the stock trainer in :mod:`hybrid_kernels.training` is composed of
+a single optimiser update; the stock trainer in :mod:`hybrid_kernels._training` is composed of
 exactly those pieces.
 
 The public surface is exactly what ``__all__`` lists.
@@ -11,14 +11,14 @@ The public surface is exactly what ``__all__`` lists.
 from hybrid_kernels.__about__ import __version__
 from hybrid_kernels._inputs import InputSignal, InputTable, piecewise_constant, piecewise_linear
 from hybrid_kernels._tables import experiments_from_table, metrics_table, predictions_table
-from hybrid_kernels.bounded import (
+from hybrid_kernels._bounded import (
     BoundedPredictor,
     BoundScaler,
     soft_clip,
     soft_logit,
     straight_through_clip,
 )
-from hybrid_kernels.data import (
+from hybrid_kernels._data import (
     BucketPayload,
     ChannelObs,
     Dataset,
@@ -31,7 +31,7 @@ from hybrid_kernels.data import (
     split_dataset,
     split_dataset_by_ids,
 )
-from hybrid_kernels.kernels import (
+from hybrid_kernels._kernels import (
     apply_length_mask,
     build_apply_update,
     build_bucket_step,
@@ -40,7 +40,7 @@ from hybrid_kernels.kernels import (
     length_cutoff,
     predict_bucket_obs,
 )
-from hybrid_kernels.losses import (
+from hybrid_kernels._losses import (
     LOSS_REGISTRY,
     bal_mle,
     bal_mse,
@@ -48,7 +48,7 @@ from hybrid_kernels.losses import (
     masked_mse,
     resolve_loss_fn,
 )
-from hybrid_kernels.penalties import (
+from hybrid_kernels._penalties import (
     PenaltyPointSource,
     bound_penalty,
     box_grid,
@@ -57,7 +57,7 @@ from hybrid_kernels.penalties import (
     select_penalty_points,
     validate_penalty_points,
 )
-from hybrid_kernels.prediction import (
+from hybrid_kernels._prediction import (
     ChannelMetrics,
     compute_metrics,
     ensemble_predictions,
@@ -66,21 +66,21 @@ from hybrid_kernels.prediction import (
     predict_dense,
     rich_metrics_table,
 )
-from hybrid_kernels.reductions import (
+from hybrid_kernels._reductions import (
     REDUCTIONS,
     bucket_weights,
     combine_bucket_grads,
 )
-from hybrid_kernels.serialise import load_predictors, read_predictors_metadata, save_predictors
-from hybrid_kernels.sharding import make_row_mesh
-from hybrid_kernels.solver import (
+from hybrid_kernels._serialise import load_predictors, read_predictors_metadata, save_predictors
+from hybrid_kernels._sharding import make_row_mesh
+from hybrid_kernels._solver import (
     ADJOINT_REGISTRY,
     SOLVER_REGISTRY,
     SolverConfig,
     register_adjoint,
     register_solver,
 )
-from hybrid_kernels.trainable import (
+from hybrid_kernels._trainable import (
     count_trainable_params,
     default_trainable,
     freeze_modules_of_type,
@@ -88,7 +88,7 @@ from hybrid_kernels.trainable import (
     freeze_where,
     trainable_mask,
 )
-from hybrid_kernels.training import (
+from hybrid_kernels._training import (
     OPTIMIZER_REGISTRY,
     BetweenStepsHook,
     LogUI,
@@ -115,7 +115,7 @@ from hybrid_kernels.training import (
     train_seed_ensemble,
     train_with_optax,
 )
-from hybrid_kernels.trajectory import (
+from hybrid_kernels._trajectory import (
     attach_penalty_state,
     penalty_integral,
     penalty_vector_field,

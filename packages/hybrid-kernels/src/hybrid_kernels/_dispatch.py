@@ -2,7 +2,7 @@
 
 Everything here runs in Python before a compiled kernel is dispatched, so it is kept cheap:
 one flatten of the predictors per call, cached scalar arrays, and a shape key that is a handful
-of tuples. The compiled bodies live in `hybrid_kernels.kernels`.
+of tuples. The compiled bodies live in `hybrid_kernels._kernels`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from jaxtyping import Array
 from hybrid_kernels import _preflight as pf
 from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._errors import RowSolveError, solver_reason
-from hybrid_kernels.data import BucketPayload
-from hybrid_kernels.solver import SolverConfig
+from hybrid_kernels._data import BucketPayload
+from hybrid_kernels._solver import SolverConfig
 
 
 def _is_weak(x: Any) -> bool:

@@ -22,25 +22,25 @@ import jax.numpy as jnp
 
 from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._errors import RowSolveError
-from hybrid_kernels.penalties import (
+from hybrid_kernels._penalties import (
     data_penalty_points,
     validate_penalty_points,
 )
-from hybrid_kernels.reductions import bucket_weights
-from hybrid_kernels.trainable import trainable_mask
-from hybrid_kernels.training._engine import get_engine, strong
-from hybrid_kernels.training._run import Run, name_failed_experiments
-from hybrid_kernels.training.config import OptaxTrainingConfig
-from hybrid_kernels.training.history import LossHistory
-from hybrid_kernels.training.hooks import HookEvents, resolve_hook
-from hybrid_kernels.training.reinit import fold_key
-from hybrid_kernels.training.state import (
+from hybrid_kernels._reductions import bucket_weights
+from hybrid_kernels._trainable import trainable_mask
+from hybrid_kernels._training._engine import get_engine, strong
+from hybrid_kernels._training._run import Run, name_failed_experiments
+from hybrid_kernels._training.config import OptaxTrainingConfig
+from hybrid_kernels._training.history import LossHistory
+from hybrid_kernels._training.hooks import HookEvents, resolve_hook
+from hybrid_kernels._training.reinit import fold_key
+from hybrid_kernels._training.state import (
     TrainingState,
     load_training_state,
     read_training_meta,
 )
-from hybrid_kernels.training.tournament import run_tournament
-from hybrid_kernels.training.ui import TrainingUI, check_ui, default_ui
+from hybrid_kernels._training.tournament import run_tournament
+from hybrid_kernels._training.ui import TrainingUI, check_ui, default_ui
 
 __all__ = ["train_with_optax"]
 

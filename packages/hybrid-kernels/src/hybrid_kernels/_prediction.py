@@ -18,7 +18,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from hybrid_kernels._errors import no_host_callbacks
-from hybrid_kernels.kernels import _strong, predict_bucket_obs
+from hybrid_kernels._kernels import _strong, predict_bucket_obs
 
 __all__ = [
     "ChannelMetrics",

@@ -30,7 +30,7 @@ import numpy as np
 from jaxtyping import Array
 
 from hybrid_kernels._dtypes import default_float
-from hybrid_kernels.kernels import length_cutoff
+from hybrid_kernels._kernels import length_cutoff
 
 __all__ = ["REDUCTIONS", "bucket_weights", "combine_bucket_grads"]
 

@@ -22,16 +22,16 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from hybrid_kernels.kernels import (
+from hybrid_kernels._kernels import (
     build_apply_update,
     build_bucket_step,
     build_penalty_step,
     build_score_bucket,
 )
-from hybrid_kernels.losses import resolve_loss_fn
-from hybrid_kernels.penalties import bound_penalty
-from hybrid_kernels.reductions import combine_bucket_grads
-from hybrid_kernels.training.config import OPTIMIZER_REGISTRY, OptaxTrainingConfig
+from hybrid_kernels._losses import resolve_loss_fn
+from hybrid_kernels._penalties import bound_penalty
+from hybrid_kernels._reductions import combine_bucket_grads
+from hybrid_kernels._training.config import OPTIMIZER_REGISTRY, OptaxTrainingConfig
 
 _CACHE_SIZE = 16
 

@@ -19,16 +19,16 @@ import numpy as np
 
 from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._errors import RowSolveError
-from hybrid_kernels.data import failed_exp_ids
-from hybrid_kernels.penalties import select_penalty_points
-from hybrid_kernels.reductions import bucket_weights
-from hybrid_kernels.training._engine import Engine, Track, strong
-from hybrid_kernels.training.config import OptaxTrainingConfig
-from hybrid_kernels.training.history import LossHistory, NonFiniteTrainingError
-from hybrid_kernels.training.hooks import HookEvents, apply_hook
-from hybrid_kernels.training.state import TrainingState, save_training_state
-from hybrid_kernels.training.tournament import new_track, set_learning_rate
-from hybrid_kernels.training.ui import TrainingUI
+from hybrid_kernels._data import failed_exp_ids
+from hybrid_kernels._penalties import select_penalty_points
+from hybrid_kernels._reductions import bucket_weights
+from hybrid_kernels._training._engine import Engine, Track, strong
+from hybrid_kernels._training.config import OptaxTrainingConfig
+from hybrid_kernels._training.history import LossHistory, NonFiniteTrainingError
+from hybrid_kernels._training.hooks import HookEvents, apply_hook
+from hybrid_kernels._training.state import TrainingState, save_training_state
+from hybrid_kernels._training.tournament import new_track, set_learning_rate
+from hybrid_kernels._training.ui import TrainingUI
 
 
 def _read_back(tree: Any) -> Any:

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from confluent_bank._host import PARAMETER_NAMES, read_host_state
-from confluent_bank.transport import (
+from confluent_bank._transport import (
     EVEN_MOMENT_KINDS,
     ODD_MOMENT_KINDS,
     NamedMomentState,
@@ -57,8 +57,8 @@ from confluent_bank.transport import (
 )
 
 if TYPE_CHECKING:
-    from confluent_bank.bank import ConfluentPackBank
-    from confluent_bank.records import TransitionProposal
+    from confluent_bank._bank import ConfluentPackBank
+    from confluent_bank._records import TransitionProposal
 
 StateT = TypeVar("StateT")
 

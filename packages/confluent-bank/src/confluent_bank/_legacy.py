@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from confluent_bank.activations import get_activation
-from confluent_bank.bank import ConfluentPackBank, init_confluent_bank
-from confluent_bank.records import RefinedPack
+from confluent_bank._activations import get_activation
+from confluent_bank._bank import ConfluentPackBank, init_confluent_bank
+from confluent_bank._records import RefinedPack
 
 __all__ = ["AdaptivePackBank", "init_pack_bank", "legacy_forward", "migrate_legacy"]
 

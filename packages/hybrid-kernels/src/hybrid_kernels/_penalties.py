@@ -21,8 +21,8 @@ import jax.tree_util as jtu
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from hybrid_kernels.bounded import _WARPS, BoundedPredictor, BoundScaler
-from hybrid_kernels.kernels import length_cutoff
+from hybrid_kernels._bounded import _WARPS, BoundedPredictor, BoundScaler
+from hybrid_kernels._kernels import length_cutoff
 
 __all__ = [
     "PenaltyPointSource",

@@ -17,11 +17,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from confluent_bank.bank import ConfluentPackBank
-from confluent_bank.bounds import within_error_budget
-from confluent_bank.commit import commit_transition
-from confluent_bank.records import TransitionProposal
-from confluent_bank.transport import NamedMomentState, OptimizerStateAdapter
+from confluent_bank._bank import ConfluentPackBank
+from confluent_bank._bounds import within_error_budget
+from confluent_bank._commit import commit_transition
+from confluent_bank._records import TransitionProposal
+from confluent_bank._transport import NamedMomentState, OptimizerStateAdapter
 
 __all__ = ["TransitionEvent", "TransitionHook"]
 

@@ -23,7 +23,7 @@ from typing import Any
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from hybrid_kernels.bounded import BoundScaler
+from hybrid_kernels._bounded import BoundScaler
 
 __all__ = [
     "attach_penalty_state",

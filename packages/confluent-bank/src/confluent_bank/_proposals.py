@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from confluent_bank._host import read_host_state, snapshot_digest, snapshot_from_host
-from confluent_bank.moments import initialize_moments
-from confluent_bank.records import RefinedPack, SlotUpdate, TransitionProposal
+from confluent_bank._moments import initialize_moments
+from confluent_bank._records import RefinedPack, SlotUpdate, TransitionProposal
 
 if TYPE_CHECKING:
-    from confluent_bank.bank import ConfluentPackBank
+    from confluent_bank._bank import ConfluentPackBank
 
 __all__ = [
     "propose_birth",

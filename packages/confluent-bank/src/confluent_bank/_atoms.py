@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from confluent_bank._host import SERIES_RADIUS, SERIES_TERMS
-from confluent_bank.activations import ActivationSpec, get_activation, sigma_tower
+from confluent_bank._activations import ActivationSpec, get_activation, sigma_tower
 
 
 def retract_spread(rho: Array) -> Array:

@@ -19,14 +19,14 @@ from typing import Any
 import jax.numpy as jnp
 
 from hybrid_kernels._dtypes import default_float
-from hybrid_kernels.data import make_bootstrap_dataset
-from hybrid_kernels.reductions import bucket_weights
-from hybrid_kernels.training._engine import get_engine, strong
-from hybrid_kernels.training.config import OptaxTrainingConfig
-from hybrid_kernels.training.reinit import fold_key
-from hybrid_kernels.training.tournament import run_tournament
-from hybrid_kernels.training.trainer import resolve_trainable, run_training
-from hybrid_kernels.training.ui import TrainingUI, check_ui, default_ui
+from hybrid_kernels._data import make_bootstrap_dataset
+from hybrid_kernels._reductions import bucket_weights
+from hybrid_kernels._training._engine import get_engine, strong
+from hybrid_kernels._training.config import OptaxTrainingConfig
+from hybrid_kernels._training.reinit import fold_key
+from hybrid_kernels._training.tournament import run_tournament
+from hybrid_kernels._training.trainer import resolve_trainable, run_training
+from hybrid_kernels._training.ui import TrainingUI, check_ui, default_ui
 
 __all__ = ["train_bootstrap_ensemble", "train_seed_ensemble"]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from hybrid_kernels.prediction import predict_dense
+from hybrid_kernels._prediction import predict_dense
 
 __all__ = ["plot_fit", "plot_history"]
 

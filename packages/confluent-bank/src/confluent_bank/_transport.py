@@ -27,7 +27,7 @@ import numpy as np
 from confluent_bank._host import PARAMETER_NAMES, STATE_NAMES
 
 if TYPE_CHECKING:
-    from confluent_bank.bank import ConfluentPackBank
+    from confluent_bank._bank import ConfluentPackBank
 
 StateT = TypeVar("StateT")
 

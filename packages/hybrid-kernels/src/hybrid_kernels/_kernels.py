@@ -36,8 +36,8 @@ from hybrid_kernels._dispatch import (
 from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._errors import no_host_callbacks
 from hybrid_kernels._inputs import row_signals
-from hybrid_kernels.data import BucketPayload
-from hybrid_kernels.solver import SolverConfig, row_context
+from hybrid_kernels._data import BucketPayload
+from hybrid_kernels._solver import SolverConfig, row_context
 
 __all__ = [
     "apply_length_mask",

@@ -14,10 +14,10 @@ from fractions import Fraction
 from typing import Any
 
 from confluent_bank._host import SERIES_TERMS
-from confluent_bank.activations import ActivationSpec, get_activation, riccati_coefficients
-from confluent_bank.moments import Interval, MomentInitialization, initialize_moments
-from confluent_bank.proposals import _check_implied_updates, _HostBank
-from confluent_bank.records import TransitionProposal
+from confluent_bank._activations import ActivationSpec, get_activation, riccati_coefficients
+from confluent_bank._moments import Interval, MomentInitialization, initialize_moments
+from confluent_bank._proposals import _check_implied_updates, _HostBank
+from confluent_bank._records import TransitionProposal
 
 __all__ = [
     "EXACT_KINDS",

@@ -9,7 +9,7 @@ and there is nothing to clip (clipping would zero the gradient outside the box).
 The cost is that the squash flattens near the bounds, so a predictor pushed against a bound
 stops receiving gradient. :meth:`BoundScaler.saturation` measures how far latents have run past
 the knee (the latent at which the physical value enters the outer 5 % of its box); the bound
-penalty in :mod:`hybrid_kernels.penalties` charges it.
+penalty in :mod:`hybrid_kernels._penalties` charges it.
 """
 
 from __future__ import annotations

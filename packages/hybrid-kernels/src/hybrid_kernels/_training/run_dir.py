@@ -35,12 +35,12 @@ import numpy as np
 import optax
 
 from hybrid_kernels.__about__ import __version__
-from hybrid_kernels.serialise import load_predictors, save_predictors
-from hybrid_kernels.solver import SolverConfig
-from hybrid_kernels.trainable import count_trainable_params, path_str
-from hybrid_kernels.training.config import OptaxTrainingConfig
-from hybrid_kernels.training.history import LossHistory
-from hybrid_kernels.training.state import TrainingState, load_training_state, save_training_state
+from hybrid_kernels._serialise import load_predictors, save_predictors
+from hybrid_kernels._solver import SolverConfig
+from hybrid_kernels._trainable import count_trainable_params, path_str
+from hybrid_kernels._training.config import OptaxTrainingConfig
+from hybrid_kernels._training.history import LossHistory
+from hybrid_kernels._training.state import TrainingState, load_training_state, save_training_state
 
 __all__ = ["SavedRun", "load_run", "save_run"]
 

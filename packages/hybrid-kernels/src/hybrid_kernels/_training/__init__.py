@@ -10,21 +10,21 @@
 - Ensembles, [`annealing_schedule`][hybrid_kernels.annealing_schedule] and two plots.
 """
 
-from hybrid_kernels.training.config import OPTIMIZER_REGISTRY, OptaxTrainingConfig
-from hybrid_kernels.training.ensembles import train_bootstrap_ensemble, train_seed_ensemble
-from hybrid_kernels.training.history import LossHistory, NonFiniteTrainingError
-from hybrid_kernels.training.hooks import BetweenStepsHook
-from hybrid_kernels.training.plotting import plot_fit, plot_history
-from hybrid_kernels.training.reinit import fold_key, reinitialise
-from hybrid_kernels.training.run_dir import SavedRun, load_run, save_run
-from hybrid_kernels.training.schedules import annealing_schedule
-from hybrid_kernels.training.state import (
+from hybrid_kernels._training.config import OPTIMIZER_REGISTRY, OptaxTrainingConfig
+from hybrid_kernels._training.ensembles import train_bootstrap_ensemble, train_seed_ensemble
+from hybrid_kernels._training.history import LossHistory, NonFiniteTrainingError
+from hybrid_kernels._training.hooks import BetweenStepsHook
+from hybrid_kernels._training.plotting import plot_fit, plot_history
+from hybrid_kernels._training.reinit import fold_key, reinitialise
+from hybrid_kernels._training.run_dir import SavedRun, load_run, save_run
+from hybrid_kernels._training.schedules import annealing_schedule
+from hybrid_kernels._training.state import (
     TrainingState,
     load_training_state,
     save_training_state,
 )
-from hybrid_kernels.training.trainer import train_with_optax
-from hybrid_kernels.training.ui import (
+from hybrid_kernels._training.trainer import train_with_optax
+from hybrid_kernels._training.ui import (
     LogUI,
     RecordingUI,
     RichUI,

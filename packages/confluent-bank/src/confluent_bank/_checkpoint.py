@@ -34,7 +34,7 @@ from confluent_bank._host import (
     representation_problems,
     snapshot_digest,
 )
-from confluent_bank.bank import ConfluentPackBank, init_confluent_bank
+from confluent_bank._bank import ConfluentPackBank, init_confluent_bank
 
 __all__ = ["bank_from_checkpoint", "load_checkpoint", "save_checkpoint", "snapshot_digest"]
 

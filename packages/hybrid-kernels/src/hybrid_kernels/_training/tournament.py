@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_kernels._dtypes import default_float
-from hybrid_kernels.training._engine import Engine, Track, strong
-from hybrid_kernels.training.reinit import fold_key, reinitialise
+from hybrid_kernels._training._engine import Engine, Track, strong
+from hybrid_kernels._training.reinit import fold_key, reinitialise
 
 __all__ = ["TOURNAMENT_FAILURES", "run_tournament"]
 

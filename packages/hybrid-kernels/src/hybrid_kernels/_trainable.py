@@ -15,7 +15,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from hybrid_kernels.bounded import BoundScaler
+from hybrid_kernels._bounded import BoundScaler
 
 __all__ = [
     "count_trainable_params",

@@ -363,7 +363,7 @@ def make_dataset(
     **Returns:** a [`hybrid_kernels.Dataset`][]. Buckets come in ascending `T`; inside a bucket,
     rows keep the experiments' input order.
     """
-    from hybrid_kernels.sharding import place_bucket, resolve_mesh
+    from hybrid_kernels._sharding import place_bucket, resolve_mesh
 
     if isinstance(experiments, Experiment) or not isinstance(experiments, Sequence):
         raise TypeError(

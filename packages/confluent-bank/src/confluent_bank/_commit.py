@@ -19,17 +19,17 @@ import jax
 import numpy as np
 
 from confluent_bank._host import STATE_NAMES, representation_problems
-from confluent_bank.carry import _carry_from_host
-from confluent_bank.proposals import _check_implied_updates, _HostBank, _pair_proposal
-from confluent_bank.records import SlotUpdate, TransitionProposal
-from confluent_bank.transport import (
+from confluent_bank._carry import _carry_from_host
+from confluent_bank._proposals import _check_implied_updates, _HostBank, _pair_proposal
+from confluent_bank._records import SlotUpdate, TransitionProposal
+from confluent_bank._transport import (
     NamedMomentState,
     OptimizerStateAdapter,
     reset_slot_state,
 )
 
 if TYPE_CHECKING:
-    from confluent_bank.bank import ConfluentPackBank
+    from confluent_bank._bank import ConfluentPackBank
 
 StateT = TypeVar("StateT")
 
@@ -166,7 +166,7 @@ def commit_transition(
     - `acceptance`: `(bank, proposal) -> bool`.
     - `postcondition`: optional `(candidate) -> bool`, checked last.
     - `state_adapter`: an `OptimizerStateAdapter`, e.g. `confluent_bank.optax.commit_adapter()`
-      (which carries the moments through the transition, see `confluent_bank.carry`).
+      (which carries the moments through the transition, see `confluent_bank._carry`).
 
     **Returns:** `(bank', state', accepted)`.
 

@@ -76,11 +76,19 @@ def _modules(tree: Any, prefix: str = "") -> list[dict[str, Any]]:
             else:
                 children.append((field.name, value))
         found.append(
-            {"path": where, "class": f"{cls.__module__}.{cls.__qualname__}", "static": static}
+            {"path": where, "class": _class_path(cls), "static": static}
         )
         for name, value in children:
             found.extend(_modules(value, f"{where}.{name}"))
     return found
+
+
+def _class_path(cls: type) -> str:
+    # Modules went private (`hybrid_kernels.bounded` -> `hybrid_kernels._bounded`) without the
+    # classes changing; recording the path without leading underscores keeps files written
+    # before and after that move comparable.
+    module = ".".join(part.lstrip("_") or part for part in cls.__module__.split("."))
+    return f"{module}.{cls.__qualname__}"
 
 
 def _fingerprint(predictors: Any) -> dict[str, Any]:
