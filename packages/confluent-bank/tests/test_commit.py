@@ -19,7 +19,8 @@ from _transition_helpers import (
 )
 
 import confluent_bank as cb
-from confluent_bank import _commit as commit, _proposals as proposals
+from confluent_bank import _commit as commit
+from confluent_bank import _proposals as proposals
 
 jax.config.update("jax_enable_x64", True)
 

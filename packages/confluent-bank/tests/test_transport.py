@@ -92,7 +92,8 @@ def test_a_transport_adapter_receives_the_candidate_and_the_transport(pb, tanh_b
 
 
 def test_permuting_needs_no_host_read(pb, monkeypatch):
-    from confluent_bank import _host, _proposals as proposals
+    from confluent_bank import _host
+    from confluent_bank import _proposals as proposals
 
     def forbidden(bank):
         raise AssertionError("permute_bank must stay on the device")

@@ -10,7 +10,6 @@ private-by-convention concept module.
 """
 
 from confluent_bank.__about__ import __version__
-from confluent_bank._host import snapshot_digest
 from confluent_bank._activations import (
     ActivationSpec,
     get_activation,
@@ -44,6 +43,7 @@ from confluent_bank._carry import (
 from confluent_bank._checkpoint import bank_from_checkpoint, load_checkpoint, save_checkpoint
 from confluent_bank._commit import commit_transition, detect_transitions
 from confluent_bank._hook import TransitionEvent, TransitionHook
+from confluent_bank._host import snapshot_digest
 from confluent_bank._legacy import AdaptivePackBank, init_pack_bank, legacy_forward, migrate_legacy
 from confluent_bank._moments import Interval, MomentInitialization, initialize_moments, pair_moments
 from confluent_bank._records import RefinedPack, SlotUpdate, TransitionProposal

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from confluent_bank._host import SERIES_RADIUS, SERIES_TERMS
 from confluent_bank._activations import ActivationSpec, get_activation, sigma_tower
+from confluent_bank._host import SERIES_RADIUS, SERIES_TERMS
 
 
 def retract_spread(rho: Array) -> Array:

@@ -22,6 +22,8 @@ import numpy as np
 from jax import Array
 
 from confluent_bank import _proposals as proposals
+from confluent_bank._activations import _finite_tower_order, get_activation, sigma_tower_rows
+from confluent_bank._atoms import _moment_sum, _pair_limit, _pair_terms, retract_spread
 from confluent_bank._host import (
     PARAMETER_NAMES,
     SCHEMA_VERSION,
@@ -29,8 +31,6 @@ from confluent_bank._host import (
     read_host_state,
     snapshot_from_host,
 )
-from confluent_bank._activations import _finite_tower_order, get_activation, sigma_tower_rows
-from confluent_bank._atoms import _moment_sum, _pair_limit, _pair_terms, retract_spread
 from confluent_bank._records import RefinedPack
 
 if TYPE_CHECKING:

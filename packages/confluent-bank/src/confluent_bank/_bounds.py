@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 
-from confluent_bank._host import SERIES_TERMS
 from confluent_bank._activations import ActivationSpec, get_activation, riccati_coefficients
+from confluent_bank._host import SERIES_TERMS
 from confluent_bank._moments import Interval, MomentInitialization, initialize_moments
 from confluent_bank._proposals import _check_implied_updates, _HostBank
 from confluent_bank._records import TransitionProposal

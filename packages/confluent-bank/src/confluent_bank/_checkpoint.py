@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from confluent_bank._atomic import write_atomic
+from confluent_bank._bank import ConfluentPackBank, init_confluent_bank
 from confluent_bank._host import (
     PARAMETER_NAMES,
     SCHEMA_VERSION,
@@ -34,7 +35,6 @@ from confluent_bank._host import (
     representation_problems,
     snapshot_digest,
 )
-from confluent_bank._bank import ConfluentPackBank, init_confluent_bank
 
 __all__ = ["bank_from_checkpoint", "load_checkpoint", "save_checkpoint", "snapshot_digest"]
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import jax
 import numpy as np
 
-from confluent_bank._host import STATE_NAMES, representation_problems
 from confluent_bank._carry import _carry_from_host
+from confluent_bank._host import STATE_NAMES, representation_problems
 from confluent_bank._proposals import _check_implied_updates, _HostBank, _pair_proposal
 from confluent_bank._records import SlotUpdate, TransitionProposal
 from confluent_bank._transport import (

@@ -38,9 +38,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from confluent_bank._host import PARAMETER_NAMES, STATE_NAMES
 from confluent_bank._bank import ConfluentPackBank
 from confluent_bank._carry import TransitionCarry, apply_carry
+from confluent_bank._host import PARAMETER_NAMES, STATE_NAMES
 from confluent_bank._transport import SIGN_BLOCKS, _gather_rows, _negate_rows, _zero_rows
 
 __all__ = [

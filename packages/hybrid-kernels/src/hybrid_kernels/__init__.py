@@ -9,8 +9,6 @@ The public surface is exactly what ``__all__`` lists.
 """
 
 from hybrid_kernels.__about__ import __version__
-from hybrid_kernels._inputs import InputSignal, InputTable, piecewise_constant, piecewise_linear
-from hybrid_kernels._tables import experiments_from_table, metrics_table, predictions_table
 from hybrid_kernels._bounded import (
     BoundedPredictor,
     BoundScaler,
@@ -31,6 +29,7 @@ from hybrid_kernels._data import (
     split_dataset,
     split_dataset_by_ids,
 )
+from hybrid_kernels._inputs import InputSignal, InputTable, piecewise_constant, piecewise_linear
 from hybrid_kernels._kernels import (
     apply_length_mask,
     build_apply_update,
@@ -80,6 +79,7 @@ from hybrid_kernels._solver import (
     register_adjoint,
     register_solver,
 )
+from hybrid_kernels._tables import experiments_from_table, metrics_table, predictions_table
 from hybrid_kernels._trainable import (
     count_trainable_params,
     default_trainable,

@@ -21,9 +21,9 @@ import numpy as np
 from jaxtyping import Array
 
 from hybrid_kernels import _preflight as pf
+from hybrid_kernels._data import BucketPayload
 from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._errors import RowSolveError, solver_reason
-from hybrid_kernels._data import BucketPayload
 from hybrid_kernels._solver import SolverConfig
 
 

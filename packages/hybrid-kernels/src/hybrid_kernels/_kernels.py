@@ -25,6 +25,7 @@ import jax.tree_util as jtu
 from jaxtyping import Array, Float
 
 from hybrid_kernels import _preflight as pf
+from hybrid_kernels._data import BucketPayload
 from hybrid_kernels._dispatch import (
     _BucketKernel,
     _check_build,
@@ -36,7 +37,6 @@ from hybrid_kernels._dispatch import (
 from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._errors import no_host_callbacks
 from hybrid_kernels._inputs import row_signals
-from hybrid_kernels._data import BucketPayload
 from hybrid_kernels._solver import SolverConfig, row_context
 
 __all__ = [

@@ -75,9 +75,7 @@ def _modules(tree: Any, prefix: str = "") -> list[dict[str, Any]]:
                 static[field.name] = _ADDRESS.sub("", repr(value))
             else:
                 children.append((field.name, value))
-        found.append(
-            {"path": where, "class": _class_path(cls), "static": static}
-        )
+        found.append({"path": where, "class": _class_path(cls), "static": static})
         for name, value in children:
             found.extend(_modules(value, f"{where}.{name}"))
     return found

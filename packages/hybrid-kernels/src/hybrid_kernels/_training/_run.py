@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_kernels._data import failed_exp_ids
 from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._errors import RowSolveError
-from hybrid_kernels._data import failed_exp_ids
 from hybrid_kernels._penalties import select_penalty_points
 from hybrid_kernels._reductions import bucket_weights
 from hybrid_kernels._training._engine import Engine, Track, strong

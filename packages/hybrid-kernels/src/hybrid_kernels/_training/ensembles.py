@@ -18,8 +18,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._data import make_bootstrap_dataset
+from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._reductions import bucket_weights
 from hybrid_kernels._training._engine import get_engine, strong
 from hybrid_kernels._training.config import OptaxTrainingConfig
