@@ -92,7 +92,7 @@ def custom_loop(predictors, dataset, solver, steps: int, *, eager: bool) -> floa
     fraction = jnp.asarray(1.0)
 
     def one_step(predictors, opt_state):
-        out = [bucket_step(predictors, bp, fraction) for bp in payloads]
+        out = [bucket_step(predictors, bp, fraction)[:2] for bp in payloads]  # drop the flags
         if eager:  # the peer: per-leaf tree adds outside any jit, then a host-side divide
             total, acc = out[0]
             for loss, g in out[1:]:
@@ -159,7 +159,7 @@ def main() -> None:
     # Share the trainer's compiled bucket kernel (one compile per shape, not two): the
     # comparison is about the loop around the kernels, not the kernels.
     config = hk.OptaxTrainingConfig(steps=(1,), lr=(1e-3,), verbose=False)
-    KERNELS["bucket_step"] = _engine.get_engine(
+    KERNELS["bucket_step"] = _engine.Engine(
         simulate_fn=simulate,
         state_to_output=position,
         solver=solver,

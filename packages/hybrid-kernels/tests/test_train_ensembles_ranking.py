@@ -13,8 +13,8 @@ from _train_models import omega_start, osc_dataset, quiet
 
 import hybrid_kernels as hk
 from hybrid_kernels._training import ensembles
+from hybrid_kernels._training._loop import RunResult
 from hybrid_kernels._training.history import LossHistory
-from hybrid_kernels._training.trainer import RunResult
 
 NAN, INF = math.nan, math.inf
 
@@ -31,14 +31,14 @@ def scripted(monkeypatch):
     def script(losses):
         calls = iter(range(len(losses)))
 
-        def fake_run_training(start, dataset, config, **kwargs):
+        def fake_train(setup, start, **kwargs):
             i = next(calls)
             return RunResult(LossHistory(), (type(start[0])(jnp.asarray(float(i))),), losses[i])
 
-        def fake_tournament(engine, predictors, *args, top_k=1, **kwargs):
+        def fake_tournament(setup, predictors, *, top_k=1, **kwargs):
             return [(0.0, predictors)] * top_k
 
-        monkeypatch.setattr(ensembles, "run_training", fake_run_training)
+        monkeypatch.setattr(ensembles, "train", fake_train)
         monkeypatch.setattr(ensembles, "run_tournament", fake_tournament)
 
     return script

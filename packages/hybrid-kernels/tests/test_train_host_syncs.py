@@ -6,7 +6,7 @@ import pytest
 from _train_models import quiet, train
 
 import hybrid_kernels as hk
-from hybrid_kernels._training import _engine, _run
+from hybrid_kernels._training import _engine, _loop, _step
 
 jax.config.update("jax_enable_x64", True)
 
@@ -20,13 +20,13 @@ def two_buckets(oscillator):
 @pytest.fixture
 def reads(monkeypatch):
     count = {"n": 0}
-    original = _run._read_back
+    original = _loop._read_back
 
     def counting(tree):
         count["n"] += 1
         return original(tree)
 
-    monkeypatch.setattr(_run, "_read_back", counting)
+    monkeypatch.setattr(_loop, "_read_back", counting)
     return count
 
 
@@ -63,13 +63,13 @@ def test_bucket_gradients_are_combined_only_inside_compiled_code(
     oscillator, two_buckets, monkeypatch
 ):
     calls = []
-    original = _engine.combine_bucket_grads
+    original = _step.combine_bucket_grads
 
     def spy(losses, grads, weights):
         calls.append(all(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(grads)))
         return original(losses, grads, weights)
 
-    monkeypatch.setattr(_engine, "combine_bucket_grads", spy)
+    monkeypatch.setattr(_step, "combine_bucket_grads", spy)
     _engine._OPTIMIZERS.clear()  # a fresh tail, traced with the spy in place
     train(oscillator, two_buckets, quiet(steps=(5,)))
     assert calls and all(calls)  # traced (once), never run eagerly per step

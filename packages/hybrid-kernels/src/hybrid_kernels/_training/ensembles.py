@@ -16,17 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import jax.numpy as jnp
-
 from hybrid_kernels._data import make_bootstrap_dataset
-from hybrid_kernels._dtypes import default_float
-from hybrid_kernels._reductions import bucket_weights
-from hybrid_kernels._training._engine import get_engine, strong
+from hybrid_kernels._training._loop import train
+from hybrid_kernels._training._setup import check_config, prepare, resolve_trainable, resolve_ui
 from hybrid_kernels._training.config import OptaxTrainingConfig
 from hybrid_kernels._training.reinit import fold_key
 from hybrid_kernels._training.tournament import run_tournament
-from hybrid_kernels._training.trainer import resolve_trainable, run_training
-from hybrid_kernels._training.ui import TrainingUI, check_ui, default_ui
+from hybrid_kernels._training.ui import TrainingUI
 
 __all__ = ["train_bootstrap_ensemble", "train_seed_ensemble"]
 
@@ -67,36 +63,6 @@ def _rank(
     return sorted(members, key=lambda m: (0, m[0]) if math.isfinite(m[0]) else (1, 0.0))
 
 
-def _select_seeds(
-    predictors, dataset, config, *, engine, n_seeds, top_k, key, ui
-) -> list[tuple[float, Any]]:
-    weights = jnp.asarray(bucket_weights(dataset, config.reduction), dtype=default_float())
-    return run_tournament(
-        engine,
-        strong(predictors),
-        tuple(dataset.bucket_payloads),
-        weights,
-        optimizer_spec=config.optimizer[0],
-        lr=config.tournament_lr,
-        n_attempts=n_seeds,
-        n_steps=config.tournament_steps,
-        key=key,
-        top_k=top_k,
-        ui=ui,
-    )
-
-
-def _prepare(
-    where: str, predictors: Any, config: Any, trainable: Any, ui: Any, model: dict[str, Any]
-) -> tuple[Any, TrainingUI, Any]:
-    """Validate the config; resolve the mask and the UI; fetch the shared kernel engine."""
-    if not isinstance(config, OptaxTrainingConfig):
-        raise TypeError(f"{where}: config must be an OptaxTrainingConfig; got {config!r}")
-    trainable = resolve_trainable(predictors, trainable)
-    ui = default_ui(config.verbose) if ui is None else check_ui(ui)
-    return trainable, ui, get_engine(**model, trainable=trainable, config=config)
-
-
 def train_seed_ensemble(
     predictors: Any,
     dataset: Any,
@@ -132,33 +98,31 @@ def train_seed_ensemble(
     k_best = n_seeds if k_best is None else _count("k_best", k_best, where)
     if k_best > n_seeds:
         raise ValueError(f"{where}: k_best={k_best} must not exceed n_seeds={n_seeds}")
-    model = dict(simulate_fn=simulate_fn, state_to_output=state_to_output, solver=solver)
-    trainable, ui, engine = _prepare(where, predictors, config, trainable, ui, model)
-    train_member = functools.partial(
-        run_training, **model, trainable=trainable, ui=ui, hooks=None, tournament=False, where=where
+    member_setup = functools.partial(
+        prepare,
+        where,
+        simulate_fn=simulate_fn,
+        state_to_output=state_to_output,
+        solver=solver,
+        trainable=resolve_trainable(predictors, trainable),
+        val_dataset=val_dataset,
     )
-    if not tuple(dataset.bucket_payloads):
-        raise ValueError(f"{where}: dataset has no buckets; nothing to train on")
+    setup, start = member_setup(predictors, dataset, config, key=key, ui=ui)
+    ui = setup.ui
     ui.on_message(text=f"{where}: ranking {n_seeds} starts, training the best {k_best}")
-    ranked = _select_seeds(
-        predictors,
-        dataset,
-        config,
-        engine=engine,
-        n_seeds=n_seeds,
-        top_k=k_best,
-        key=fold_key(key, "seed_ensemble"),
-        ui=ui,
+    ranked = run_tournament(
+        setup, start, n_attempts=n_seeds, top_k=k_best, key=fold_key(key, "seed_ensemble")
     )
     members, names = [], []
     for i, (_, start) in enumerate(ranked):
-        result = train_member(
+        member, start = member_setup(
             start,
             dataset,
             _member_config(config, f"seed{i}"),
             key=fold_key(key, f"seed_member_{i}"),
-            val_dataset=val_dataset,
+            ui=ui,
         )
+        result = train(member, start, tournament=False)
         members.append((float(result.final_loss), result.predictors))
         names.append(f"seed member {i}")
     return _rank(members, names, where, ui)
@@ -206,33 +170,29 @@ def train_bootstrap_ensemble(
             raise ValueError(
                 f"{where}: k_best={k_best} must not exceed n_bootstraps={n_bootstraps}"
             )
-    model = dict(simulate_fn=simulate_fn, state_to_output=state_to_output, solver=solver)
-    trainable, ui, engine = _prepare(where, predictors, config, trainable, ui, model)
-    train_member = functools.partial(
-        run_training, **model, trainable=trainable, ui=ui, hooks=None, tournament=False, where=where
+    ui = resolve_ui(check_config(config, where), ui)
+    member_setup = functools.partial(
+        prepare,
+        where,
+        simulate_fn=simulate_fn,
+        state_to_output=state_to_output,
+        solver=solver,
+        trainable=resolve_trainable(predictors, trainable),
+        ui=ui,
     )
     members, names = [], []
     for s in range(n_bootstraps):
         boot = make_bootstrap_dataset(dataset, key=fold_key(key, f"bootstrap_{s}"))
-        start = predictors
-        if n_seeds > 1:
-            start = _select_seeds(
-                predictors,
-                boot,
-                config,
-                engine=engine,
-                n_seeds=n_seeds,
-                top_k=1,
-                key=fold_key(key, f"bootstrap_seeds_{s}"),
-                ui=ui,
-            )[0][1]
-        result = train_member(
-            start,
+        setup, start = member_setup(
+            predictors,
             boot,
             _member_config(config, f"boot{s}"),
             key=fold_key(key, f"bootstrap_member_{s}"),
-            val_dataset=None,
         )
+        if n_seeds > 1:
+            key_s = fold_key(key, f"bootstrap_seeds_{s}")
+            start = run_tournament(setup, start, n_attempts=n_seeds, key=key_s)[0][1]
+        result = train(setup, start, tournament=False)
         members.append((float(result.final_loss), result.predictors))
         names.append(f"bootstrap member {s}")
     members = _rank(members, names, where, ui)

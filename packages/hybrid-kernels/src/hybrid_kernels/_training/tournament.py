@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_kernels._dtypes import default_float
-from hybrid_kernels._training._engine import Engine, Track, strong
+from hybrid_kernels._training._setup import Setup
+from hybrid_kernels._training._step import StepInputs, new_carry, strong, take_step
 from hybrid_kernels._training.reinit import fold_key, reinitialise
 
 __all__ = ["TOURNAMENT_FAILURES", "run_tournament"]
@@ -31,45 +32,21 @@ TOURNAMENT_FAILURES: tuple[type[BaseException], ...] = (
 )
 
 
-def set_learning_rate(opt_state: Any, lr: float) -> Any:
-    """`opt_state` with its injected learning rate replaced (same dtype, so no recompile)."""
-    old = opt_state.hyperparams["learning_rate"]
-    hyper = dict(opt_state.hyperparams)
-    hyper["learning_rate"] = jnp.asarray(lr, dtype=jnp.asarray(old).dtype)
-    return opt_state._replace(hyperparams=hyper)
-
-
-def new_track(predictors: Any, step: int = 0) -> Track:
-    """A fresh best-step tracker: nothing seen yet."""
-    return Track(
-        best_predictors=predictors,
-        best_loss=jnp.asarray(jnp.inf, dtype=default_float()),
-        best_step=jnp.asarray(-1, dtype=jnp.int32),
-        since_best=jnp.asarray(0, dtype=jnp.int32),
-        step=jnp.asarray(step, dtype=jnp.int32),
-    )
-
-
 def run_tournament(
-    engine: Engine,
-    predictors: Any,
-    payloads: tuple[Any, ...],
-    weights: jax.Array,
-    *,
-    optimizer_spec: Any,
-    lr: float,
-    n_attempts: int,
-    n_steps: int,
-    key: Any,
-    top_k: int = 1,
-    ui: Any = None,
+    setup: Setup, predictors: Any, *, n_attempts: int, key: Any, top_k: int = 1
 ) -> list[tuple[float, Any]]:
-    """Train `n_attempts` re-initialised candidates for `n_steps` steps; return the best.
+    """Train `n_attempts` re-initialised candidates briefly on `setup`'s data; return the best.
+
+    Each candidate trains for `config.tournament_steps` steps of optimiser `config.optimizer[0]`
+    at `config.tournament_lr`, at the full horizon and without the penalty, then is scored
+    forward-only.
 
     **Returns:** up to `top_k` `(score, candidate)` pairs, best first (ties keep the earlier
     attempt). When every attempt fails: `[(inf, predictors)]` and a `RuntimeWarning`.
     """
-    opt = engine.optimizer(optimizer_spec, lr)
+    engine, c, ui = setup.engine, setup.config, setup.ui
+    lr = c.tournament_lr
+    opt = engine.optimizer(c.optimizer[0], lr)
     if not opt.injectable:
         warnings.warn(
             "tournament_lr has no effect: the optimiser is a ready optax transformation whose "
@@ -77,41 +54,26 @@ def run_tournament(
             RuntimeWarning,
             stacklevel=3,
         )
-    fraction = jnp.ones((), default_float())
+    inputs = StepInputs(jnp.ones((), default_float()), setup.weights, 0.0, ())
     scored: list[tuple[float, int, Any]] = []
     last_error: BaseException | None = None
     for attempt in range(n_attempts):
         attempt_key = fold_key(key, f"tournament_attempt_{attempt}")
         try:
             candidate = strong(reinitialise(predictors, engine.trainable, attempt_key))
-            opt_state = strong(opt.transformation.init(eqx.filter(candidate, engine.trainable)))
-            if opt.injectable:
-                opt_state = set_learning_rate(opt_state, lr)
-            track = new_track(candidate)
-            for _ in range(n_steps):
-                candidate, opt_state, track, *_ = engine.step(
-                    opt,
-                    candidate,
-                    opt_state,
-                    track,
-                    payloads,
-                    fraction,
-                    weights,
-                    0.0,
-                    (),
-                    best_on_loss=False,
-                )
-            score = float(engine.score(candidate, payloads, weights))
+            carry = new_carry(candidate, engine.fresh_opt_state(opt, candidate, lr))
+            for _ in range(c.tournament_steps):
+                carry, _ = take_step(engine, opt, carry, setup.payloads, inputs, best_on_loss=False)
+            candidate = carry.predictors
+            score = float(engine.score(candidate, setup.payloads, setup.weights))
             if not math.isfinite(score):
                 raise FloatingPointError(f"non-finite tournament score {score}")
         except TOURNAMENT_FAILURES as exc:
             last_error = exc
-            if ui is not None:
-                ui.on_message(text=f"tournament attempt {attempt}: failed ({exc!r:.200})")
+            ui.on_message(text=f"tournament attempt {attempt}: failed ({exc!r:.200})")
             continue
         scored.append((score, attempt, candidate))
-        if ui is not None:
-            ui.on_message(text=f"tournament attempt {attempt}: score {score:.6g}")
+        ui.on_message(text=f"tournament attempt {attempt}: score {score:.6g}")
     if not scored:
         warnings.warn(
             "tournament: every attempt failed; training continues from the initial "
