@@ -160,11 +160,7 @@ def main() -> None:
     # comparison is about the loop around the kernels, not the kernels.
     config = hk.OptaxTrainingConfig(steps=(1,), lr=(1e-3,), verbose=False)
     KERNELS["bucket_step"] = _engine.Engine(
-        simulate_fn=simulate,
-        state_to_output=position,
-        solver=solver,
-        trainable=hk.trainable_mask(predictors),
-        config=config,
+        _engine.Model(simulate, position, solver), hk.trainable_mask(predictors), config
     ).bucket_step
     print("compiling (trainer and custom loop) ...", flush=True)
     t0 = time.perf_counter()

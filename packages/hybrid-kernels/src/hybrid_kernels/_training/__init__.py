@@ -8,6 +8,22 @@
 - Run directories ([`save_run`][hybrid_kernels.save_run] /
   [`load_run`][hybrid_kernels.load_run]).
 - Ensembles, [`annealing_schedule`][hybrid_kernels.annealing_schedule] and two plots.
+
+How a run walks, one way, from `train_with_optax` (`trainer.py`) to its last step:
+
+1. Set-up (`_setup.py`): `prepare` checks the arguments once and gathers what stays fixed
+    (the cached kernels of `_engine.py`, the buckets and their weights, the UI, the hook,
+    the checkpoint path) in one `Setup`. The tournament and both ensembles use it too.
+2. State (`_step.Carry` inside `_loop.LoopState`): the device trees a step consumes
+    (parameters, optimiser state, the best snapshot and its counters) and the host record
+    (history, schedule position, unread step reports).
+3. Step (`_step.take_step`): `bucket_step` per bucket, `penalty_step`, then one jitted tail:
+    combine, update, skip a non-finite step, apply the one best-step rule (`_step.improve`).
+4. Loop (`_loop.train`): start (fresh, tournament winner or checkpoint), compile, then the
+    phases; it reads reports back every `log_every` steps and validates, stops early, runs
+    the hook and saves between steps.
+5. Result (`_loop.RunResult`): the `LossHistory`, the predictors to hand back (the best
+    snapshot with `restore_best`) and their loss.
 """
 
 from hybrid_kernels._training.config import OPTIMIZER_REGISTRY, OptaxTrainingConfig

@@ -35,6 +35,14 @@ from hybrid_kernels._training.config import OPTIMIZER_REGISTRY, OptaxTrainingCon
 _CACHE_SIZE = 16
 
 
+class Model(NamedTuple):
+    """The user's model: `simulate_fn`, `state_to_output` and the `SolverConfig`."""
+
+    simulate_fn: Callable[..., Any]
+    state_to_output: Callable[..., Any]
+    solver: Any
+
+
 class Optimizer(NamedTuple):
     transformation: optax.GradientTransformation
     injectable: bool
@@ -81,15 +89,8 @@ class Engine:
     kernels and changing the optimiser only builds a new (cheap) update tail.
     """
 
-    def __init__(
-        self,
-        *,
-        simulate_fn: Callable[..., Any],
-        state_to_output: Callable[..., Any],
-        solver: Any,
-        trainable: Any,
-        config: OptaxTrainingConfig,
-    ) -> None:
+    def __init__(self, model: Model, trainable: Any, config: OptaxTrainingConfig) -> None:
+        simulate_fn, state_to_output, solver = model
         self.trainable = trainable
         self._mask_key = _mask_key(trainable)
         tp_fn, tp_weight = config.trajectory_penalty_fn, config.trajectory_penalty_weight

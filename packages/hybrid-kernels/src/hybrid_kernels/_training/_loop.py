@@ -11,8 +11,6 @@ checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -22,10 +20,15 @@ import numpy as np
 from hybrid_kernels._data import failed_exp_ids
 from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._errors import RowSolveError
-from hybrid_kernels._training._setup import Setup, load_saved, phase_inputs, replicate
+from hybrid_kernels._training._setup import (
+    Setup,
+    compile_kernels,
+    load_saved,
+    phase_inputs,
+    replicate,
+)
 from hybrid_kernels._training._step import (
     Carry,
-    StepInputs,
     forget_best,
     improve_jit,
     new_carry,
@@ -78,7 +81,7 @@ def train(setup: Setup, predictors: Any, *, tournament: bool) -> RunResult:
         saved = load_saved(setup, predictors)
         if saved is None:
             _start(setup, st, predictors)
-            _compile_kernels(setup, st)
+            compile_kernels(setup, st.carry, st.opt, st.phase)
             if tournament and c.tournament_enabled():
                 ranked = run_tournament(
                     setup,
@@ -91,7 +94,7 @@ def train(setup: Setup, predictors: Any, *, tournament: bool) -> RunResult:
             _resume(setup, st, saved)
             ui.on_message(text=f"resumed from {str(setup.path)!r} after step {st.done}")
             if st.phase < c.n_phases:
-                _compile_kernels(setup, st)
+                compile_kernels(setup, st.carry, st.opt, st.phase)
         _run_phases(setup, st)
         final, final_loss = _finish(setup, st)
         _end(setup, st, final_loss)
@@ -359,51 +362,3 @@ def _training_state(setup: Setup, st: LoopState) -> TrainingState:
         failed=dict(st.history.failed),
         events=list(st.history.events),
     )
-
-
-# -- compiling ---------------------------------------------------------------------------
-
-
-def _compile_kernels(setup: Setup, st: LoopState) -> None:
-    """Run every kernel once before the first step, reporting progress per shape."""
-    engine, c, ui = setup.engine, setup.config, setup.ui
-    predictors = st.carry.predictors
-    inputs: StepInputs = phase_inputs(setup, min(st.phase, c.n_phases - 1))
-    items: list[tuple[str, Callable[[], Any]]] = []
-    for bp in setup.payloads:
-        N, T = bp.ts.shape
-        items.append(
-            (
-                f"bucket_step N={N} T={T}",
-                lambda bp=bp: engine.bucket_step(predictors, bp, inputs.fraction),
-            )
-        )
-    one = jnp.ones((), default_float())
-    scored = list(setup.payloads) if c.tournament_enabled() else []
-    for bp in scored + list(setup.val_payloads):
-        N, T = bp.ts.shape
-        items.append(
-            (f"score_bucket N={N} T={T}", lambda bp=bp: engine.score_bucket(predictors, bp, one))
-        )
-    if inputs.penalty_weight > 0:
-        items.append(
-            (
-                "penalty_step",
-                lambda: engine.penalty_step(predictors, inputs.penalty_weight, inputs.points),
-            )
-        )
-
-    def update() -> Any:  # one whole step on a copy of the carry, then discarded
-        return take_step(
-            engine, st.opt, st.carry, setup.payloads, inputs, best_on_loss=setup.best_on_loss
-        )
-
-    items.append(("update", update))
-    ui.on_compile_start(n_kernels=len(items))
-    start = time.perf_counter()
-    for index, (label, call) in enumerate(items):
-        t0 = time.perf_counter()
-        jax.block_until_ready(call())
-        seconds = time.perf_counter() - t0
-        ui.on_compile_progress(index=index, n_kernels=len(items), label=label, seconds=seconds)
-    ui.on_compile_done(seconds=time.perf_counter() - start)

@@ -4,7 +4,8 @@
 it validates the arguments, resolves the mask, the UI and the hook, fetches the cached
 `Engine`, strong-types and places the parameters, and bundles the rest in a `Setup`, so that
 later code passes one object instead of a dozen values. `phase_inputs` turns a phase into the
-`StepInputs` of its steps, and `load_saved` reads a checkpoint back for a resume.
+`StepInputs` of its steps, `load_saved` reads a checkpoint back for a resume, and
+`compile_kernels` runs every kernel once before the first step.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import time
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -30,8 +32,8 @@ from hybrid_kernels._penalties import (
 )
 from hybrid_kernels._reductions import bucket_weights
 from hybrid_kernels._trainable import trainable_mask
-from hybrid_kernels._training._engine import Engine
-from hybrid_kernels._training._step import StepInputs, strong
+from hybrid_kernels._training._engine import Engine, Model
+from hybrid_kernels._training._step import Carry, StepInputs, strong, take_step
 from hybrid_kernels._training.config import OptaxTrainingConfig
 from hybrid_kernels._training.hooks import HookEvents, resolve_hook
 from hybrid_kernels._training.state import (
@@ -138,10 +140,8 @@ def prepare(
     predictors: Any,
     dataset: Any,
     config: OptaxTrainingConfig,
+    model: Model,
     *,
-    simulate_fn: Callable[..., Any],
-    state_to_output: Callable[..., Any],
-    solver: Any,
     trainable: Any,
     key: Any,
     ui: TrainingUI | None,
@@ -149,7 +149,11 @@ def prepare(
     hooks: Any = None,
 ) -> tuple[Setup, Any]:
     """Check the arguments of a run and gather them; returns the `Setup` and the predictors,
-    strong-typed and replicated over the dataset's mesh."""
+    strong-typed and replicated over the dataset's mesh.
+
+    The arguments are those of [`train_with_optax`][hybrid_kernels.train_with_optax], with
+    `where` (the public function's name, for errors) first and the model in one `Model`.
+    """
     config = check_config(config, where)
     payloads = tuple(getattr(dataset, "bucket_payloads", ()))
     if not payloads:
@@ -164,13 +168,7 @@ def prepare(
     hook = resolve_hook(hooks)
     mesh = getattr(dataset, "mesh", None)
     predictors = replicate(strong(predictors), mesh)
-    engine = Engine(
-        simulate_fn=simulate_fn,
-        state_to_output=state_to_output,
-        solver=solver,
-        trainable=trainable,
-        config=config,
-    )
+    engine = Engine(model, trainable, config)
     sources, extras = None, ()
     if any(w > 0 for w in config.penalty_weight) or config.penalty_points is not None:
         sources = data_penalty_points(predictors, dataset)
@@ -240,3 +238,48 @@ def load_saved(setup: Setup, predictors: Any) -> TrainingState | None:
     for name in ("predictors", "opt_state", "best_predictors"):
         setattr(saved, name, replicate(getattr(saved, name), setup.mesh))
     return saved
+
+
+def compile_kernels(setup: Setup, carry: Carry, opt: Any, phase: int) -> None:
+    """Run every kernel once before the first step of `phase`, reporting progress per shape."""
+    engine, c, ui = setup.engine, setup.config, setup.ui
+    predictors = carry.predictors
+    inputs = phase_inputs(setup, min(phase, c.n_phases - 1))
+    items: list[tuple[str, Callable[[], Any]]] = []
+    for bp in setup.payloads:
+        N, T = bp.ts.shape
+        items.append(
+            (
+                f"bucket_step N={N} T={T}",
+                lambda bp=bp: engine.bucket_step(predictors, bp, inputs.fraction),
+            )
+        )
+    one = jnp.ones((), default_float())
+    scored = list(setup.payloads) if c.tournament_enabled() else []
+    for bp in scored + list(setup.val_payloads):
+        N, T = bp.ts.shape
+        items.append(
+            (f"score_bucket N={N} T={T}", lambda bp=bp: engine.score_bucket(predictors, bp, one))
+        )
+    if inputs.penalty_weight > 0:
+        items.append(
+            (
+                "penalty_step",
+                lambda: engine.penalty_step(predictors, inputs.penalty_weight, inputs.points),
+            )
+        )
+
+    def update() -> Any:  # one whole step on a copy of the carry, then discarded
+        return take_step(
+            engine, opt, carry, setup.payloads, inputs, best_on_loss=setup.best_on_loss
+        )
+
+    items.append(("update", update))
+    ui.on_compile_start(n_kernels=len(items))
+    start = time.perf_counter()
+    for index, (label, call) in enumerate(items):
+        t0 = time.perf_counter()
+        jax.block_until_ready(call())
+        seconds = time.perf_counter() - t0
+        ui.on_compile_progress(index=index, n_kernels=len(items), label=label, seconds=seconds)
+    ui.on_compile_done(seconds=time.perf_counter() - start)

@@ -17,8 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from hybrid_kernels._data import make_bootstrap_dataset
+from hybrid_kernels._training._engine import Model
 from hybrid_kernels._training._loop import train
-from hybrid_kernels._training._setup import check_config, prepare, resolve_trainable, resolve_ui
+from hybrid_kernels._training._setup import (
+    Setup,
+    check_config,
+    prepare,
+    resolve_trainable,
+    resolve_ui,
+)
 from hybrid_kernels._training.config import OptaxTrainingConfig
 from hybrid_kernels._training.reinit import fold_key
 from hybrid_kernels._training.tournament import run_tournament
@@ -35,6 +42,14 @@ def _member_config(config: OptaxTrainingConfig, name: str) -> OptaxTrainingConfi
     return dataclasses.replace(
         config, checkpoint_path=path.with_name(f"{path.stem}.{name}{path.suffix}")
     )
+
+
+def _member_setup(
+    where: str, model: Model, predictors: Any, trainable: Any, **fixed: Any
+) -> Callable[..., tuple[Setup, Any]]:
+    """`prepare` for one member, with what every member shares already given."""
+    mask = resolve_trainable(predictors, trainable)
+    return functools.partial(prepare, where, model=model, trainable=mask, **fixed)
 
 
 def _count(name: str, value: Any, where: str) -> int:
@@ -98,13 +113,11 @@ def train_seed_ensemble(
     k_best = n_seeds if k_best is None else _count("k_best", k_best, where)
     if k_best > n_seeds:
         raise ValueError(f"{where}: k_best={k_best} must not exceed n_seeds={n_seeds}")
-    member_setup = functools.partial(
-        prepare,
+    member_setup = _member_setup(
         where,
-        simulate_fn=simulate_fn,
-        state_to_output=state_to_output,
-        solver=solver,
-        trainable=resolve_trainable(predictors, trainable),
+        Model(simulate_fn, state_to_output, solver),
+        predictors,
+        trainable,
         val_dataset=val_dataset,
     )
     setup, start = member_setup(predictors, dataset, config, key=key, ui=ui)
@@ -171,13 +184,11 @@ def train_bootstrap_ensemble(
                 f"{where}: k_best={k_best} must not exceed n_bootstraps={n_bootstraps}"
             )
     ui = resolve_ui(check_config(config, where), ui)
-    member_setup = functools.partial(
-        prepare,
+    member_setup = _member_setup(
         where,
-        simulate_fn=simulate_fn,
-        state_to_output=state_to_output,
-        solver=solver,
-        trainable=resolve_trainable(predictors, trainable),
+        Model(simulate_fn, state_to_output, solver),
+        predictors,
+        trainable,
         ui=ui,
     )
     members, names = [], []

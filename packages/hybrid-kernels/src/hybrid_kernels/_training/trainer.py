@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from hybrid_kernels._training._engine import Model
 from hybrid_kernels._training._loop import train
 from hybrid_kernels._training._setup import prepare
 from hybrid_kernels._training.config import OptaxTrainingConfig
@@ -81,9 +82,7 @@ def train_with_optax(
         predictors,
         dataset,
         config,
-        simulate_fn=simulate_fn,
-        state_to_output=state_to_output,
-        solver=solver,
+        Model(simulate_fn, state_to_output, solver),
         trainable=trainable,
         key=key,
         ui=ui,
