@@ -43,6 +43,8 @@ from hybrid_kernels._training.tournament import run_tournament
 
 
 class RunResult(NamedTuple):
+    """What a run hands back: its history, the predictors to return and their loss."""
+
     history: LossHistory
     predictors: Any
     final_loss: float

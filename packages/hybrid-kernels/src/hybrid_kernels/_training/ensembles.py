@@ -113,6 +113,7 @@ def train_seed_ensemble(
     k_best = n_seeds if k_best is None else _count("k_best", k_best, where)
     if k_best > n_seeds:
         raise ValueError(f"{where}: k_best={k_best} must not exceed n_seeds={n_seeds}")
+    check_config(config, where)  # before the mask, as train_with_optax does
     member_setup = _member_setup(
         where,
         Model(simulate_fn, state_to_output, solver),
