@@ -13,6 +13,11 @@ carried through every commit; nothing recompiles.
     python examples/demo.py                 # about 30 s on a 2-core CPU
     python examples/demo.py --scale 8       # more experiments, longer horizons (for a GPU)
     DEMO_SCALE=8 nox -s demo                # the same through nox
+    python examples/demo.py --processes 2   # two local processes joined by jax.distributed
+
+With ``--processes N`` the demo starts N workers of itself on 127.0.0.1 (CPU, gloo
+collectives), each loading only its own share of the experiments (``process_local=True``).
+Process 0 prints and writes the outputs; see the docs page "Several processes and machines".
 
 Writes ``demo-output/``: ``fit.png``, ``learned_term.png``, ``history.png``, ``summary.json``
 and ``bank.json`` (the trained bank's validated checkpoint).
@@ -23,6 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -51,7 +58,37 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=400, help="optimiser steps in all")
     parser.add_argument("--float32", action="store_true", help="train in float32")
     parser.add_argument("--out", type=Path, default=Path("demo-output"), help="output folder")
+    parser.add_argument(
+        "--processes", type=int, default=1, help="train as this many local JAX processes"
+    )
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # "host:port,id"
     return parser.parse_args()
+
+
+def _launch_workers(n: int) -> None:
+    """Run this script as `n` workers joined on 127.0.0.1; exit with the first failure."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        coordinator = f"127.0.0.1:{s.getsockname()[1]}"
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    workers = [
+        subprocess.Popen([sys.executable, *sys.argv, "--worker", f"{coordinator},{i}"], env=env)
+        for i in range(n)
+    ]
+    codes = [w.wait() for w in workers]
+    failed = [c for c in codes if c != 0]
+    raise SystemExit(failed[0] if failed else 0)
+
+
+def _join(worker: str, n: int) -> None:
+    coordinator, process_id = worker.rsplit(",", 1)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator, num_processes=n, process_id=int(process_id))
+
+
+def _value_range(experiments) -> tuple[float, float]:
+    values = [np.asarray(e.channels["y"].values) for e in experiments]
+    return float(min(v.min() for v in values)), float(max(v.max() for v in values))
 
 
 def _plan(steps: int) -> dict[int, str]:
@@ -97,6 +134,7 @@ def _summary_table(summary: dict) -> None:
     table.add_column(style="bold")
     table.add_column(justify="right")
     table.add_row("experiments / bucket shapes", f"{summary['experiments']} / {summary['buckets']}")
+    table.add_row("processes / devices", f"{summary['processes']} / {len(summary['devices'])}")
     table.add_row("loss at start", f"{summary['loss_start']:.3e}")
     table.add_row("loss at end (best)", f"{summary['loss_best']:.3e}")
     table.add_row("loss reduction", f"{summary['loss_start'] / summary['loss_best']:.0f}x")
@@ -112,6 +150,10 @@ def _summary_table(summary: dict) -> None:
 
 def main() -> None:
     args = _arguments()
+    if args.processes > 1 and args.worker is None:
+        _launch_workers(args.processes)
+    if args.worker is not None:
+        _join(args.worker, args.processes)
     if not args.float32:
         jax.config.update("jax_enable_x64", True)
     dtype = jnp.float32 if args.float32 else jnp.float64
@@ -124,10 +166,18 @@ def main() -> None:
         lengths=tuple(n * args.scale for n in (8, 12, 16, 20)),
         t_end=3.0 * (1 + 0.25 * (args.scale - 1)),
     )
-    print(f"devices: {jax.devices()}  dtype: {jnp.dtype(dtype).name}  scale: {args.scale}")
-    dataset = P.make_dataset(size, dtype=dtype)
-    domain = P.data_range(dataset)
-    print(hk.describe_buckets(dataset))
+    lead = jax.process_index() == 0
+    if lead:
+        print(f"devices: {jax.devices()}  dtype: {jnp.dtype(dtype).name}  scale: {args.scale}")
+    experiments = P.make_experiments(size)
+    domain = _value_range(experiments)  # from every experiment, so all processes agree
+    n, me, count = len(experiments), jax.process_index(), jax.process_count()
+    mine = experiments[me * n // count : (me + 1) * n // count]
+    dataset = hk.make_dataset(
+        mine, output_channel_names=["y"], dtype=dtype, max_shapes=2, process_local=count > 1
+    )
+    if count == 1:
+        print(hk.describe_buckets(dataset))
 
     hook = P.transition_hook(_plan(args.steps), domain, error_budget=1e-3)
     simulate = P.TraceCounter(P.simulate)
@@ -145,7 +195,15 @@ def main() -> None:
 
     # The last optimiser step may leave a spread slightly negative, which a checkpoint cannot
     # hold; the retracted bank represents the same function.
-    cb.save_checkpoint(out / "bank.json", bank.retract())
+    cb.save_checkpoint(out / "bank.json", bank.retract())  # every process calls; 0 writes
+    if not lead:
+        return
+    if count > 1:
+        # The plots and metrics need every experiment on this process's devices alone; the
+        # trained bank is replicated, so its values are here already.
+        bank = jax.tree.map(lambda x: np.asarray(x) if isinstance(x, jax.Array) else x, bank)
+        local = hk.make_row_mesh(jax.local_devices())
+        dataset = P.make_dataset(size, dtype=dtype, mesh=local)
     solver = P.make_solver(dtype)
     fig = hk.plot_fit(
         (bank,),
@@ -165,6 +223,7 @@ def main() -> None:
         "experiments": size.n_experiments,
         "buckets": len(dataset.bucket_payloads),
         "dtype": jnp.dtype(dtype).name,
+        "processes": jax.process_count(),
         "devices": [str(d) for d in jax.devices()],
         "loss_start": float(history[0]),
         "loss_best": float(min(history)),

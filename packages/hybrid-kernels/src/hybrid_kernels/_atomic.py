@@ -11,6 +11,11 @@ such temporary that no running save holds: a writer keeps its temporary locked (
 until the rename, so only the remains of dead writers can be locked and deleted. Where
 `fcntl` is missing (Windows), the operating system itself refuses to delete a file that is
 still open, which gives the same guarantee.
+
+With several JAX processes (`jax.process_count() > 1`) only process 0 writes; the others
+wait at a barrier until it has finished and then return the same path, or raise the same
+kind of error if process 0 could not write. Every process must therefore call the save, as
+the trainer does; a save called on one process only would wait for the others forever.
 """
 
 from __future__ import annotations
@@ -19,7 +24,10 @@ import os
 import re
 import secrets
 import threading
+from collections.abc import Callable
 from pathlib import Path
+
+import numpy as np
 
 try:
     import fcntl
@@ -127,6 +135,38 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+_GATE = threading.local()
+
+
+def _single_writer(target: Path, write: Callable[[], Path]) -> Path:
+    """Run `write` on process 0 only; the other processes wait until the file is complete.
+
+    Saves nested inside `write` (a folder of several files written as one unit) write
+    directly: the outer call is the only barrier.
+    """
+    import jax
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() == 1 or getattr(_GATE, "inside", False):
+        return write()
+    failure: BaseException | None = None
+    if jax.process_index() == 0:
+        _GATE.inside = True
+        try:
+            write()
+        except Exception as error:  # re-raised below, after the others have been told
+            failure = error
+        finally:
+            _GATE.inside = False
+    # A collective, so it is also the barrier: nobody reads the file before it is complete.
+    written = multihost_utils.broadcast_one_to_all(np.int32(failure is None))
+    if failure is not None:
+        raise failure
+    if not int(written):
+        raise OSError(f"cannot write {os.fspath(target)!r}: process 0 failed to write it")
+    return target
+
+
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     """Replace the file at `path` by `data`, atomically and durably.
 
@@ -135,12 +175,17 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     - `path`: the target file; its folder must exist. An existing file is replaced.
     - `data`: the complete new contents.
 
-    **Returns:** the target path.
+    **Returns:** the target path. With several JAX processes only process 0 writes; see the
+    module docstring.
 
     Raises `ValueError` naming `path` when its folder does not exist. Stale temporaries of
     the same target (from killed saves) are deleted first; see the module docstring.
     """
     target = Path(path)
+    return _single_writer(target, lambda: _write_here(target, data))
+
+
+def _write_here(target: Path, data: bytes) -> Path:
     if not target.parent.is_dir():
         raise ValueError(
             f"cannot save to {str(target)!r}: its folder {str(target.parent)!r} does not exist"

@@ -336,6 +336,7 @@ def make_dataset(
     dtype: Any = None,
     mesh: jax.sharding.Mesh | None = None,
     planned_steps: int | None = None,
+    process_local: bool = False,
 ) -> Dataset:
     """Scatter experiments onto their union time axes and stack them into buckets.
 
@@ -359,6 +360,11 @@ def make_dataset(
     - `mesh`: a `jax.sharding.Mesh` to shard each bucket's experiment axis over. When `None`
         and more than one device is visible, all devices are used. Rows are then padded to a
         multiple of the device count (masked, weight 0). See the guide's "Several devices" section.
+    - `process_local`: with several JAX processes, `experiments` are this process's own (each
+        experiment given to exactly one process) rather than the same full list everywhere.
+        Bucket shapes are then chosen from every process's lengths, each bucket is one global
+        array over all processes' devices, and `exp_ids` name the global rows. Every process
+        must call `make_dataset` together. See "Several processes and machines".
 
     **Returns:** a [`hybrid_kernels.Dataset`][]. Buckets come in ascending `T`; inside a bucket,
     rows keep the experiments' input order.
@@ -397,6 +403,8 @@ def make_dataset(
         raise ValueError(
             f"make_dataset: `planned_steps` must be None or a positive int, got {planned_steps!r}."
         )
+    if not isinstance(process_local, bool):
+        raise TypeError(f"make_dataset: `process_local` must be a bool, got {process_local!r}.")
     np_dtype = resolve_dtype(dtype, "make_dataset")
     if not experiments:
         raise ValueError("make_dataset: `experiments` is empty; give at least one Experiment.")
@@ -418,6 +426,16 @@ def make_dataset(
     bins = choose_bins(lengths, bucket_policy, max_shapes, planned_steps)
 
     payloads, ids = [], []
+    # --- process-local data (several processes, each with its own experiments) ---
+    if process_local and jax.process_count() > 1:
+        from hybrid_kernels._distributed import process_local_buckets
+
+        fields, ids = process_local_buckets(
+            experiments, scattered, bucket_policy, max_shapes, planned_steps, mesh, np_dtype
+        )
+        payloads = [BucketPayload(**f) for f in fields]
+        bins = np.asarray([], int)  # global buckets are built; the loop below has no work
+    # --- end of process-local data ---
     for bin_len in sorted(set(bins.tolist())):
         rows = [i for i in range(len(experiments)) if bins[i] == bin_len]
         fields, row_ids = stack_bucket(

@@ -12,6 +12,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+import jax
+
 __all__ = ["LogUI", "RecordingUI", "RichUI", "SilentUI", "TrainingUI", "default_ui"]
 
 _EVENTS = (
@@ -376,9 +378,10 @@ def default_ui(verbose: bool) -> TrainingUI:
     """The UI `train_with_optax` uses when none is given.
 
     `RichUI` on an interactive terminal, `LogUI` elsewhere (CI, notebooks writing to files,
-    redirected output), `SilentUI` when `verbose` is false.
+    redirected output), `SilentUI` when `verbose` is false. With several JAX processes, only
+    process 0 shows progress; the others get `SilentUI` unless given a `ui` explicitly.
     """
-    if not verbose:
+    if not verbose or jax.process_index() != 0:
         return SilentUI()
     if sys.stdout.isatty():
         return RichUI()

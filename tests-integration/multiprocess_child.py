@@ -1,0 +1,130 @@
+"""One process of the multi-process tests (run by `_launch`, not collected).
+
+Joins `jax.distributed` on the coordinator it is given (a single process with `--processes 1`
+skips that), trains a short float64 run of the standard problem with a confluent bank inside
+the ODE and planned transitions, and writes what the tests compare to
+`<out>/result-<process id>.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+# A commit needs a few steps of training first; both commits are function-preserving.
+PLAN = {6: "birth", 12: "pair"}
+STEPS = (10, 10)
+HEARTBEAT_SECONDS = 10  # how long a lost peer goes unnoticed by the coordination service
+
+
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--coordinator", required=True)
+    parser.add_argument("--processes", type=int, required=True)
+    parser.add_argument("--process-id", type=int, required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--process-local", action="store_true")
+    parser.add_argument("--gloo", action="store_true", help="join the runtime even when alone")
+    parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--checkpoint", default=None)
+    parser.add_argument("--checkpoint-every", type=int, default=0)
+    parser.add_argument("--bank-file", default=None)
+    parser.add_argument("--die-at", type=int, default=None, help="process 1 exits at this step")
+    return parser.parse_args()
+
+
+class _Die:
+    """A hook that kills process 1 at `step`, as a crashed machine would (no cleanup)."""
+
+    def __init__(self, inner, step: int):
+        self.inner, self.step = inner, step
+        self.events = inner.events
+
+    def between_steps(self, step, predictors, opt_state):
+        if step == self.step and jax.process_index() == 1:
+            sys.stdout.flush()
+            os._exit(17)
+        return self.inner.between_steps(step, predictors, opt_state)
+
+
+def _value_range(experiments) -> tuple[float, float]:
+    values = [np.asarray(e.channels["y"].values) for e in experiments]
+    return float(min(v.min() for v in values)), float(max(v.max() for v in values))
+
+
+def main() -> None:
+    args = _arguments()
+    if args.processes > 1 or args.gloo:
+        jax.distributed.initialize(
+            args.coordinator,
+            num_processes=args.processes,
+            process_id=args.process_id,
+            initialization_timeout=60,
+            heartbeat_timeout_seconds=HEARTBEAT_SECONDS,
+        )
+    import jax.numpy as jnp
+
+    import confluent_bank as cb
+
+    import hybrid_problem as P
+
+    # Tiny: one bucket shape, so one compiled kernel, on a shared 2-core CI machine.
+    size = P.ProblemSize(n_experiments=8, lengths=(8, 12))
+
+    every = P.make_experiments(size)
+    # The domain of the transition policy is global, so every process decides alike.
+    domain = _value_range(every)
+    experiments = every
+    if args.process_local:
+        # Contiguous halves: the same rows land on the same devices as in the full-list run.
+        n, p, count = len(every), jax.process_index(), jax.process_count()
+        experiments = every[p * n // count : (p + 1) * n // count]
+    dataset = P.hk.make_dataset(
+        experiments,
+        output_channel_names=["y"],
+        dtype=jnp.float64,
+        max_shapes=1,
+        **({"process_local": True} if args.process_local else {}),
+    )
+    hook = P.transition_hook(PLAN, domain, error_budget=1e-3)
+    hooks = hook if args.die_at is None else _Die(hook, args.die_at)
+    overrides = dict(steps=STEPS, lr=(0.05, 0.02), log_every=1, verbose=args.verbose)
+    if args.checkpoint:
+        overrides.update(checkpoint_path=args.checkpoint, checkpoint_every=args.checkpoint_every)
+    started = time.monotonic()
+    result: dict = {"process": jax.process_index(), "processes": jax.process_count()}
+    try:
+        history, bank = P.run_standard(dataset, dtype=jnp.float64, hooks=hooks, **overrides)
+    except Exception as error:
+        result.update(error=f"{type(error).__name__}: {error}", seconds=time.monotonic() - started)
+        Path(args.out, f"result-{args.process_id}.json").write_text(json.dumps(result))
+        raise
+    if args.bank_file:
+        cb.save_checkpoint(args.bank_file, bank)
+        result["reloaded_digest"] = cb.snapshot_digest(
+            cb.load_checkpoint(args.bank_file).portable_snapshot()
+        )
+    result.update(
+        devices=jax.device_count(),
+        local_devices=jax.local_device_count(),
+        history=[float(x) for x in history],
+        events=[(e.step, e.kind, e.accepted) for e in hook.events],
+        digest=cb.snapshot_digest(bank.portable_snapshot()),
+        exp_ids=[list(ids) for ids in dataset.exp_ids],
+        seconds=time.monotonic() - started,
+    )
+    Path(args.out, f"result-{args.process_id}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

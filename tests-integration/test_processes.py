@@ -1,0 +1,148 @@
+"""Several processes: `jax.distributed` on 127.0.0.1, two processes of two CPU devices each.
+
+Every run here is the same short float64 training of the standard problem (a confluent bank
+inside the ODE, a birth and a centred-pair merge committed mid-run), launched by `_launch`
+as subprocesses with bounded timeouts. The reference is one process with four devices that
+also joins the runtime (alone), so both sides use the same gloo collectives and therefore
+add the rows' gradients in the same order.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import _launch as L
+import numpy as np
+import pytest
+
+CHILD = L.HERE / "multiprocess_child.py"
+RELATIVE_TOLERANCE = 1e-12
+TIMEOUT = 300.0  # seconds per launch: compiling on a loaded 2-core machine is the slow part
+DIE_AT = 8  # process 1 exits here, after the step-4 checkpoint
+
+
+def _results(out: Path, n: int) -> list[dict]:
+    return [json.loads((out / f"result-{i}.json").read_text()) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("jax-cache")
+
+
+def _run(tmp_path_factory, cache, name, n, devices, *args) -> tuple[Path, list[L.Child]]:
+    out = tmp_path_factory.mktemp(name)
+    children = L.launch(
+        CHILD, n, devices, ["--out", str(out), *args], timeout=TIMEOUT, cache_dir=cache
+    )
+    return out, children
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, cache) -> dict:
+    out, children = _run(tmp_path_factory, cache, "one", 1, 4, "--gloo")
+    children[0].check()
+    return _results(out, 1)[0]
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory, cache):
+    out = tmp_path_factory.mktemp("two")
+    files = out / "files"
+    files.mkdir()
+    args = ["--verbose", "--checkpoint", str(files / "state.eqx")]
+    args += ["--bank-file", str(files / "bank.json")]
+    out, children = _run(tmp_path_factory, cache, "two", 2, 2, *args)
+    for child in children:
+        child.check()
+    return _results(out, 2), children, files
+
+
+def test_two_processes_saw_four_devices(two_processes):
+    results, _, _ = two_processes
+    assert [(r["processes"], r["devices"], r["local_devices"]) for r in results] == [(2, 4, 2)] * 2
+
+
+def test_two_processes_match_one_process_loss_history(two_processes, one_process):
+    one = np.asarray(one_process["history"])
+    for result in two_processes[0]:
+        np.testing.assert_allclose(result["history"], one, rtol=RELATIVE_TOLERANCE, atol=0.0)
+
+
+def test_two_processes_end_with_the_one_process_bank_digest(two_processes, one_process):
+    assert [r["digest"] for r in two_processes[0]] == [one_process["digest"]] * 2
+
+
+def test_every_process_commits_the_same_transitions(two_processes, one_process):
+    events = [r["events"] for r in two_processes[0]]
+    assert events == [one_process["events"]] * 2
+    assert any(accepted for _, _, accepted in events[0])
+
+
+def test_files_are_written_once_and_reload_alike(two_processes):
+    results, _, files = two_processes
+    # One complete file per save, no temporaries left by a second writer.
+    assert sorted(p.name for p in files.iterdir()) == ["bank.json", "state.eqx"]
+    assert [r["reloaded_digest"] for r in results] == [results[0]["digest"]] * 2
+
+
+def test_only_process_0_prints_progress(two_processes):
+    _, children, _ = two_processes
+    assert "done: final loss" in children[0].stdout
+    assert [line for line in children[1].stdout.splitlines() if "[Gloo]" not in line] == []
+
+
+@pytest.fixture(scope="module")
+def process_local(tmp_path_factory, cache) -> list[dict]:
+    out, children = _run(tmp_path_factory, cache, "local", 2, 2, "--process-local")
+    for child in children:
+        child.check()
+    return _results(out, 2)
+
+
+def test_process_local_halves_train_like_the_full_list(process_local, two_processes):
+    full = two_processes[0][0]
+    for result in process_local:
+        assert result["history"] == full["history"]
+        assert result["digest"] == full["digest"]
+
+
+def test_process_local_exp_ids_name_every_experiment_once(process_local, two_processes):
+    full = two_processes[0][0]["exp_ids"]
+    for result in process_local:
+        assert result["exp_ids"] == full
+        names = [n for bucket in result["exp_ids"] for n in bucket if n]
+        assert len(names) == len(set(names)) == 8
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory, cache):
+    out = tmp_path_factory.mktemp("killed")
+    state = out / "state.eqx"
+    args = ["--out", str(out), "--checkpoint", str(state), "--checkpoint-every", "4"]
+    running = L.start(CHILD, 2, 2, [*args, "--die-at", str(DIE_AT)], cache_dir=cache)
+    # The survivor must stop by itself: the harness does not kill it when its peer dies.
+    children = L.wait(running, timeout=TIMEOUT, kill_on_failure=False)
+    return children, args
+
+
+def test_a_killed_peer_stops_the_survivor_naming_it(killed):
+    (survivor, dead), _ = killed
+    assert dead.returncode == 17
+    assert survivor.returncode not in (0, None), "the survivor hung or finished"
+    assert "stopped sending heartbeats" in survivor.stderr
+    assert "unhealthy" in survivor.stderr and "\n1\n" in survivor.stderr  # task 1 is named
+    print(f"survivor stopped {survivor.ended - dead.ended:.1f} s after its peer died")
+
+
+def test_resuming_after_a_kill_gives_the_uninterrupted_run(killed, two_processes, cache):
+    _, args = killed
+    out = Path(args[1])
+    for stale in out.glob("result-*.json"):
+        stale.unlink()
+    for child in L.launch(CHILD, 2, 2, args, timeout=TIMEOUT, cache_dir=cache):
+        child.check()
+    resumed, uninterrupted = _results(out, 2), two_processes[0][0]
+    assert [r["history"] for r in resumed] == [uninterrupted["history"]] * 2
+    assert [r["digest"] for r in resumed] == [uninterrupted["digest"]] * 2
