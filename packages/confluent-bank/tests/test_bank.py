@@ -8,16 +8,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import confluent_bank as cb
-import confluent_bank._bank as bank_module
-from conftest import (
+from helpers import (
     PB_DIGEST,
     PB_FORWARD,
     PB_PAIR_DIGEST,
     make_pair_bank,
     set_rows,
 )
+
+import confluent_bank as cb
+import confluent_bank._bank as bank_module
 
 X9 = jnp.linspace(-0.5, 0.5, 9)
 

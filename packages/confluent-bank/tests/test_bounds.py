@@ -10,9 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import set_rows
 
 import confluent_bank as cb
-from conftest import set_rows
 
 GRID = jnp.linspace(-3.0, 3.0, 601)
 CB_CENTERS = (-0.01, 0.0, 0.02)

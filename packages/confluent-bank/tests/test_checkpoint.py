@@ -11,10 +11,10 @@ import os
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import PB_DIGEST
 
 import confluent_bank as cb
 import confluent_bank._checkpoint as checkpoint_module
-from conftest import PB_DIGEST
 
 
 def corrupt(bank, edit):

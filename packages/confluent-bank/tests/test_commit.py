@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _transition_helpers import (
+from helpers import (
     PB_PAIR_DIGEST,
     always,
     commit_pair,
@@ -20,9 +20,7 @@ from _transition_helpers import (
 
 import confluent_bank as cb
 from confluent_bank import _commit as commit
-from confluent_bank import _proposals as proposals
-
-jax.config.update("jax_enable_x64", True)
+from confluent_bank import _host
 
 X9 = jnp.linspace(-0.5, 0.5, 9)
 
@@ -248,14 +246,46 @@ def test_later_updates_see_earlier_ones_and_dtypes_are_kept(pb):
         assert getattr(candidate, name).dtype == getattr(pb, name).dtype, name
 
 
-def test_a_commit_reads_the_device_once_and_writes_back_in_one_transfer(pb, monkeypatch):
-    reads, puts = [], []
-    real_read, real_put = proposals.read_host_state, jax.device_put
-    monkeypatch.setattr(proposals, "read_host_state", lambda b: reads.append(1) or real_read(b))
+def _count_host_work(monkeypatch):
+    """Count device reads and digests of bank states from here on."""
+    reads, digests = [], []
+    real_read, real_digest = _host.read_host_state, _host.snapshot_digest
+    monkeypatch.setattr(_host, "read_host_state", lambda b: reads.append(1) or real_read(b))
+    monkeypatch.setattr(_host, "snapshot_digest", lambda s: digests.append(1) or real_digest(s))
+    return reads, digests
+
+
+def test_a_commit_writes_back_in_one_transfer(pb, monkeypatch):
+    puts, real_put = [], jax.device_put
     monkeypatch.setattr(commit.jax, "device_put", lambda *a: puts.append(1) or real_put(*a))
     proposal = pb.propose_pair(0, 1)
     cb.commit_transition(pb, proposal, moments(pb), between_steps=True, acceptance=always)
-    assert (len(reads), len(puts)) == (2, 1)  # one read for the proposal, one for the commit
+    assert len(puts) == 1
+
+
+@pytest.mark.parametrize(
+    "propose",
+    [
+        lambda bank: bank.propose_pair(0, 1),
+        lambda bank: bank.propose_cluster((0, 1), order=2, error_budget=1.0),
+    ],
+    ids=["pair", "cluster"],
+)
+def test_a_commit_with_error_bounds_and_carry_reads_and_digests_the_bank_once(
+    pb, monkeypatch, propose
+):
+    proposal = propose(pb)
+    reads, digests = _count_host_work(monkeypatch)
+    _, _, accepted = cb.commit_transition(
+        pb,
+        proposal,
+        moments(pb),
+        between_steps=True,
+        acceptance=cb.within_error_budget((-1.0, 1.0)),
+        state_adapter=cb.moment_carry_adapter(),
+    )
+    assert accepted
+    assert (len(reads), len(digests)) == (1, 1)
 
 
 def test_a_commit_keeps_uncommitted_blocks_uncommitted(pb):

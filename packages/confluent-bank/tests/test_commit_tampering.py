@@ -9,7 +9,7 @@ import json
 
 import jax.numpy as jnp
 import pytest
-from _transition_helpers import always, moments
+from helpers import always, moments
 
 import confluent_bank as cb
 

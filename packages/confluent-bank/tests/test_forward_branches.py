@@ -12,11 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _transition_helpers import always, moments
+from helpers import always, moments, set_rows
 
 import confluent_bank as cb
-import confluent_bank._bank as bank_module
-from conftest import set_rows
+import confluent_bank._forward as forward_module
 
 Z = jnp.linspace(-2.0, 2.0, 9)
 LIVE = 4  # live slots; slot 4 is spare
@@ -38,8 +37,8 @@ def forced_full(bank):
 
 
 def branch(bank):
-    heights = bank_module._ordinary_heights(bank.max_order)
-    return int(bank_module._branch(bank, heights))
+    heights = forward_module._ordinary_heights(bank.max_order)
+    return int(forward_module._branch(bank, heights))
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +70,7 @@ def test_inactive_slots_do_not_choose_the_branch():
 
 
 def test_an_active_pair_or_moment_slot_takes_the_full_branch(pair_committed_bank):
-    assert branch(pair_committed_bank) == len(bank_module._ordinary_heights(3))
+    assert branch(pair_committed_bank) == len(forward_module._ordinary_heights(3))
     moment = set_rows(simple_bank((0, 0, 0, 0)), [("modes", 1, 2)])
     assert branch(moment) == 3
 

@@ -9,14 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _transition_helpers import commit_pair
+from helpers import commit_pair
 
 import confluent_bank as cb
 
 optax = pytest.importorskip("optax")
 import confluent_bank.optax as cbo  # noqa: E402
-
-jax.config.update("jax_enable_x64", True)
 
 X = jnp.linspace(-1.0, 1.0, 5)
 ODD_FIELDS = {"mu", "trace", "acc_grads"}

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _transition_helpers import always, commit_pair
+from helpers import always, commit_pair
 
 import confluent_bank as cb
 
