@@ -2,7 +2,10 @@
 session fixtures (built by `helpers`).
 
 x64 is enabled here once, before any test module imports JAX arrays (the spec's regression
-values are float64); float32 behaviour is tested in subprocesses (`test_float32.py`).
+values are float64); float32 behaviour is tested in subprocesses (`test_float32.py`). As in
+diffrax, implicit rank promotion raises, so the bank also runs for users who set it. Strict
+dtype promotion is not set: optax's own updates (an int32 count against float moments) fail
+under it.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import jax
 
 jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_numpy_rank_promotion", "raise")
 
 import pytest  # noqa: E402
 from helpers import (  # noqa: E402

@@ -8,6 +8,7 @@ fixtures and enables x64 once for the whole test process.
 from __future__ import annotations
 
 import dataclasses
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -112,3 +113,48 @@ def unique_moments(bank, odd="first", even="second") -> cb.NamedMomentState:
 
 
 forward = jax.jit(lambda bank, x: bank.forward(x))
+
+
+def custom_proposal(bank, updates, slot_ids=(0,)) -> cb.TransitionProposal:
+    """A hand-made proposal of a kind without a rule (only the structural and range checks
+    apply), bound to `bank`'s current state; `updates` are `(name, index, value)` triples."""
+    return cb.TransitionProposal(
+        cb.snapshot_digest(bank.portable_snapshot()),
+        int(bank.transition_version),
+        slot_ids,
+        tuple(cb.SlotUpdate(*u) for u in updates),
+        "custom",
+        "test",
+    )
+
+
+def trained_optax_state(bank, optimizer, gradient, steps):
+    """An optax state after `steps` real steps of `gradient(parameters, bank)`, so every moment
+    row is non-zero."""
+    parameters = bank.parameters
+    state = optimizer.init(parameters)
+    for _ in range(steps):
+        _, state = optimizer.update(gradient(parameters, bank), state, parameters)
+    return state
+
+
+# The spec's cluster bank CB as exact rationals, and its moments about the mean centre.
+CB_CENTERS = (-0.01, 0.0, 0.02)
+CB_WEIGHTS = (0.7, -0.2, 0.5)
+
+
+def cluster_init(order) -> cb.MomentInitialization:
+    centers = [Fraction(c) for c in CB_CENTERS]
+    mean = sum(centers, Fraction(0)) / 3
+    return cb.initialize_moments([-c for c in centers], CB_WEIGHTS, order=order, center=-mean)
+
+
+BACKEND_COMPILES: list[str] = []
+"""The names of every XLA backend compilation since the test process started."""
+jax.monitoring.register_event_duration_secs_listener(
+    lambda name, *_, **__: (
+        BACKEND_COMPILES.append(name)
+        if name == "/jax/core/compile/backend_compile_duration"
+        else None
+    )
+)

@@ -17,7 +17,6 @@ from helpers import (
 )
 
 import confluent_bank as cb
-import confluent_bank._bank as bank_module
 
 X9 = jnp.linspace(-0.5, 0.5, 9)
 
@@ -318,7 +317,6 @@ def test_propose_methods_delegate_to_the_proposal_rules(
 def test_banks_are_immutable(pair_bank):
     with pytest.raises(dataclasses.FrozenInstanceError):
         pair_bank.weights = pair_bank.weights  # type: ignore[misc]
-    assert bank_module.ConfluentPackBank is cb.ConfluentPackBank
 
 
 def test_key_paths_name_the_state_blocks():

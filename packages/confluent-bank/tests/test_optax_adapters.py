@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import commit_pair
+from helpers import commit_pair, trained_optax_state
 
 import confluent_bank as cb
 
@@ -48,12 +48,7 @@ def _gradient(parameters, bank):
 
 
 def _trained_state(bank, optimizer, steps=2):
-    """An optax state after a few real steps, so every moment row is non-zero."""
-    parameters = bank.parameters
-    state = optimizer.init(parameters)
-    for _ in range(steps):
-        _, state = optimizer.update(_gradient(parameters, bank), state, parameters)
-    return state
+    return trained_optax_state(bank, optimizer, _gradient, steps)
 
 
 def _parity(path):

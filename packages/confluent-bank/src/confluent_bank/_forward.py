@@ -75,7 +75,8 @@ def _branch(bank: ConfluentPackBank, heights: tuple[int, ...]) -> Array:
 
 def _argument(bank: ConfluentPackBank, z: Array) -> Array:
     per_slot = (slice(None),) + (None,) * z.ndim  # (P,) -> (P, 1, ..., 1)
-    return bank.scales[per_slot] * (z - bank.centers[per_slot])
+    # z[None]: an explicit slot axis, so the bank runs under jax_numpy_rank_promotion="raise".
+    return bank.scales[per_slot] * (z[None] - bank.centers[per_slot])
 
 
 def _ordinary(bank: ConfluentPackBank, z: Array, tower: Sequence[Array], height: int) -> Array:
@@ -108,7 +109,7 @@ def _all_terms(bank: ConfluentPackBank, z: Array) -> Array:
     tower = sigma_tower_rows(spec, argument, max(order, PAIR_TOWER_HEIGHT))
     ordinary = _ordinary(bank, z, tower, order)
 
-    eta = bank.directions[per_slot] * z + bank.direction_bias[per_slot]
+    eta = bank.directions[per_slot] * z[None] + bank.direction_bias[per_slot]
     first, second = _pair_terms(bank.base, argument, bank.rho[per_slot], eta, tower)
     pair = bank.weights[per_slot] * first + bank.odd_moments[per_slot] * second
 
@@ -167,7 +168,7 @@ def _slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
     value = jax.lax.switch(_branch(bank, heights), branches, bank, finite)
     for direction in (1.0, -1.0):
         limit, replaced = _limits(bank, direction)
-        at_limit = (z == direction * np.inf) & replaced[per_slot]
+        at_limit = (z == direction * np.inf)[None] & replaced[per_slot]
         value = jnp.where(at_limit, limit[per_slot], value)
     return jnp.where(bank.active[per_slot], value, jnp.zeros_like(value))
 
