@@ -48,7 +48,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import confluent_bank as cb  # noqa: E402
-import confluent_bank._bank as bank_module  # noqa: E402
+import confluent_bank._forward as forward_module  # noqa: E402
 from confluent_bank._activations import riccati_coefficients  # noqa: E402
 
 POINTS = 1024
@@ -156,9 +156,9 @@ def plain_sum(parameters, z):
 def previous_forward(bank, z):
     """The forward before issue 10: the full branch for every bank, no remat, no limits."""
     per_slot = (slice(None),) + (None,) * z.ndim
-    terms = bank_module._all_terms(bank, z)
+    terms = forward_module._all_terms(bank, z)
     terms = jnp.where(bank.active[per_slot], terms, jnp.zeros_like(terms))
-    return bank_module._slot_order_sum(terms)
+    return forward_module._slot_order_sum(terms)
 
 
 def value_and_grad_program(forward, bank, z):

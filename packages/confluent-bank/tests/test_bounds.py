@@ -10,19 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import cluster_init, set_rows
 
 import confluent_bank as cb
-from conftest import set_rows
 
 GRID = jnp.linspace(-3.0, 3.0, 601)
-CB_CENTERS = (-0.01, 0.0, 0.02)
-CB_WEIGHTS = (0.7, -0.2, 0.5)
-
-
-def cluster_init(order):
-    centers = [Fraction(c) for c in CB_CENTERS]
-    mean = sum(centers, Fraction(0)) / 3
-    return cb.initialize_moments([-c for c in centers], CB_WEIGHTS, order=order, center=-mean)
 
 
 def moment_bank(cluster_bank, order):

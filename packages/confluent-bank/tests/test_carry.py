@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _transition_helpers import always
+from helpers import always
 
 import confluent_bank as cb
 

@@ -11,10 +11,10 @@ import os
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import PB_DIGEST
 
 import confluent_bank as cb
-import confluent_bank._checkpoint as checkpoint_module
-from conftest import PB_DIGEST
+import confluent_bank._atomic as atomic
 
 
 def corrupt(bank, edit):
@@ -201,7 +201,7 @@ def test_a_failed_rename_leaves_the_previous_file_intact(tmp_path, pair_bank, mo
     def failing(*_args):
         raise OSError("disk full")
 
-    monkeypatch.setattr(os, "replace", failing)
+    monkeypatch.setattr(atomic.os, "replace", failing)
     changed = pair_bank.with_parameters({**pair_bank.parameters, "weights": pair_bank.weights * 2})
     with pytest.raises(OSError, match="disk full"):
         cb.save_checkpoint(path, changed)
@@ -226,7 +226,7 @@ def test_a_failed_write_removes_the_temporary_file(tmp_path, pair_bank, monkeypa
     def failing(_descriptor):
         raise OSError("fsync failed")
 
-    monkeypatch.setattr(checkpoint_module.os, "fsync", failing)
+    monkeypatch.setattr(atomic.os, "fsync", failing)
     with pytest.raises(OSError, match="fsync failed"):
         cb.save_checkpoint(tmp_path / "bank.json", pair_bank)
     assert os.listdir(tmp_path) == []

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from helpers import make_pair_bank
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import confluent_bank as cb
-from conftest import make_pair_bank
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)

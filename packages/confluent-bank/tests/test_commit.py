@@ -10,19 +10,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _transition_helpers import (
+from helpers import (
+    BACKEND_COMPILES,
     PB_PAIR_DIGEST,
     always,
     commit_pair,
+    custom_proposal,
     forward,
     moments,
 )
 
 import confluent_bank as cb
 from confluent_bank import _commit as commit
-from confluent_bank import _proposals as proposals
-
-jax.config.update("jax_enable_x64", True)
+from confluent_bank import _host
 
 X9 = jnp.linspace(-0.5, 0.5, 9)
 
@@ -39,18 +39,6 @@ def committed(pb):
     candidate, next_state, accepted = commit_pair(pb, state)
     assert accepted
     return candidate, next_state, state
-
-
-def _proposal(bank, updates, slot_ids=(0,)):
-    """A hand-made proposal bound to `bank`'s current state."""
-    return cb.TransitionProposal(
-        cb.snapshot_digest(bank.portable_snapshot()),
-        int(bank.transition_version),
-        slot_ids,
-        tuple(cb.SlotUpdate(*u) for u in updates),
-        "custom",
-        "test",
-    )
 
 
 # --- the transaction (seed test 1) -----------------------------------------------------------
@@ -116,7 +104,7 @@ def test_between_steps_is_checked_first(pb, committed):
 
 
 def test_unknown_stable_ids_are_rejected_before_acceptance(pb):
-    proposal = _proposal(pb, [("weights", 0, 1.0)], slot_ids=(0, 17))
+    proposal = custom_proposal(pb, [("weights", 0, 1.0)], slot_ids=(0, 17))
     seen = []
     with pytest.raises(ValueError, match="unknown stable slot IDs"):
         cb.commit_transition(
@@ -200,7 +188,11 @@ def test_the_proposal_must_be_a_transition_proposal(pb):
 def test_updates_may_only_touch_representation_blocks(pb, name):
     with pytest.raises(ValueError, match="representation tensors"):
         cb.commit_transition(
-            pb, _proposal(pb, [(name, 0, 1)]), moments(pb), between_steps=True, acceptance=always
+            pb,
+            custom_proposal(pb, [(name, 0, 1)]),
+            moments(pb),
+            between_steps=True,
+            acceptance=always,
         )
 
 
@@ -208,7 +200,7 @@ def test_updates_must_stay_inside_the_proposal_slots(pb):
     with pytest.raises(ValueError, match="affected slot"):
         cb.commit_transition(
             pb,
-            _proposal(pb, [("weights", 1, 1.0)]),
+            custom_proposal(pb, [("weights", 1, 1.0)]),
             moments(pb),
             between_steps=True,
             acceptance=always,
@@ -226,7 +218,7 @@ def test_updates_must_stay_inside_the_proposal_slots(pb):
 def test_updates_must_have_the_row_shape(pb, update):
     with pytest.raises(ValueError, match="preallocated row"):
         cb.commit_transition(
-            pb, _proposal(pb, [update]), moments(pb), between_steps=True, acceptance=always
+            pb, custom_proposal(pb, [update]), moments(pb), between_steps=True, acceptance=always
         )
 
 
@@ -234,12 +226,12 @@ def test_updates_must_have_the_row_shape(pb, update):
 def test_a_cast_may_not_change_integer_or_flag_values(pb, update):
     with pytest.raises(ValueError, match="not representable"):
         cb.commit_transition(
-            pb, _proposal(pb, [update]), moments(pb), between_steps=True, acceptance=always
+            pb, custom_proposal(pb, [update]), moments(pb), between_steps=True, acceptance=always
         )
 
 
 def test_later_updates_see_earlier_ones_and_dtypes_are_kept(pb):
-    proposal = _proposal(pb, [("weights", 0, 5.0), ("weights", 0, 6.0), ("modes", 0, 2.0)])
+    proposal = custom_proposal(pb, [("weights", 0, 5.0), ("weights", 0, 6.0), ("modes", 0, 2.0)])
     candidate, _, _ = cb.commit_transition(
         pb, proposal, moments(pb), between_steps=True, acceptance=always
     )
@@ -248,14 +240,46 @@ def test_later_updates_see_earlier_ones_and_dtypes_are_kept(pb):
         assert getattr(candidate, name).dtype == getattr(pb, name).dtype, name
 
 
-def test_a_commit_reads_the_device_once_and_writes_back_in_one_transfer(pb, monkeypatch):
-    reads, puts = [], []
-    real_read, real_put = proposals.read_host_state, jax.device_put
-    monkeypatch.setattr(proposals, "read_host_state", lambda b: reads.append(1) or real_read(b))
+def _count_host_work(monkeypatch):
+    """Count device reads and digests of bank states from here on."""
+    reads, digests = [], []
+    real_read, real_digest = _host.read_host_state, _host.snapshot_digest
+    monkeypatch.setattr(_host, "read_host_state", lambda b: reads.append(1) or real_read(b))
+    monkeypatch.setattr(_host, "snapshot_digest", lambda s: digests.append(1) or real_digest(s))
+    return reads, digests
+
+
+def test_a_commit_writes_back_in_one_transfer(pb, monkeypatch):
+    puts, real_put = [], jax.device_put
     monkeypatch.setattr(commit.jax, "device_put", lambda *a: puts.append(1) or real_put(*a))
     proposal = pb.propose_pair(0, 1)
     cb.commit_transition(pb, proposal, moments(pb), between_steps=True, acceptance=always)
-    assert (len(reads), len(puts)) == (2, 1)  # one read for the proposal, one for the commit
+    assert len(puts) == 1
+
+
+@pytest.mark.parametrize(
+    "propose",
+    [
+        lambda bank: bank.propose_pair(0, 1),
+        lambda bank: bank.propose_cluster((0, 1), order=2, error_budget=1.0),
+    ],
+    ids=["pair", "cluster"],
+)
+def test_a_commit_with_error_bounds_and_carry_reads_and_digests_the_bank_once(
+    pb, monkeypatch, propose
+):
+    proposal = propose(pb)
+    reads, digests = _count_host_work(monkeypatch)
+    _, _, accepted = cb.commit_transition(
+        pb,
+        proposal,
+        moments(pb),
+        between_steps=True,
+        acceptance=cb.within_error_budget((-1.0, 1.0)),
+        state_adapter=cb.moment_carry_adapter(),
+    )
+    assert accepted
+    assert (len(reads), len(digests)) == (1, 1)
 
 
 def test_a_commit_keeps_uncommitted_blocks_uncommitted(pb):
@@ -277,16 +301,6 @@ def test_a_commit_keeps_committed_blocks_on_their_device(pb):
         assert leaf.committed and leaf.sharding == getattr(placed, name).sharding, name
 
 
-_BACKEND_COMPILES: list[str] = []
-jax.monitoring.register_event_duration_secs_listener(
-    lambda name, *_, **__: (
-        _BACKEND_COMPILES.append(name)
-        if name == "/jax/core/compile/backend_compile_duration"
-        else None
-    )
-)
-
-
 def test_a_commit_does_not_recompile_a_jitted_forward(pb):
     forward = jax.jit(lambda bank, z: bank.forward(z))
     z = jnp.linspace(-1.0, 1.0, 7)
@@ -294,9 +308,9 @@ def test_a_commit_does_not_recompile_a_jitted_forward(pb):
     candidate, _, _ = cb.commit_transition(
         pb, pb.propose_pair(0, 1), moments(pb), between_steps=True, acceptance=always
     )
-    before = len(_BACKEND_COMPILES)
+    before = len(BACKEND_COMPILES)
     forward(candidate, z).block_until_ready()
-    assert len(_BACKEND_COMPILES) == before
+    assert len(BACKEND_COMPILES) == before
 
 
 # --- the other kinds end to end (seed tests 4 and 9) -----------------------------------------

@@ -9,7 +9,7 @@ import json
 
 import jax.numpy as jnp
 import pytest
-from _transition_helpers import always, moments
+from helpers import always, custom_proposal, moments
 
 import confluent_bank as cb
 
@@ -32,18 +32,6 @@ def set_update(data, name, index, value):
             update["value"] = value
             return
     raise AssertionError(f"no update {name}[{index}]")
-
-
-def custom(bank, updates, slot_ids=(0,)):
-    """A proposal of a kind without a rule: only the structural and range checks apply."""
-    return cb.TransitionProposal(
-        cb.snapshot_digest(bank.portable_snapshot()),
-        int(bank.transition_version),
-        slot_ids,
-        tuple(cb.SlotUpdate(*u) for u in updates),
-        "custom",
-        "test",
-    )
 
 
 # --- built-in kinds must carry exactly their rule's updates ----------------------------------
@@ -165,7 +153,7 @@ def test_untampered_proposals_survive_a_json_round_trip_and_commit(pair_bank):
 )
 def test_out_of_range_values_are_refused(pair_bank, update, match):
     with pytest.raises(ValueError, match=match):
-        commit(pair_bank, custom(pair_bank, [update]))
+        commit(pair_bank, custom_proposal(pair_bank, [update]))
 
 
 @pytest.mark.parametrize(
@@ -181,13 +169,13 @@ def test_out_of_range_values_are_refused(pair_bank, update, match):
 )
 def test_huge_update_values_are_a_value_error_naming_the_block(pair_bank, update):
     with pytest.raises(ValueError, match=update[0]):
-        commit(pair_bank, custom(pair_bank, [update]))
+        commit(pair_bank, custom_proposal(pair_bank, [update]))
 
 
 def test_a_value_that_overflows_a_float32_block_is_refused():
     bank = cb.init_confluent_bank([cb.RefinedPack(0, 0.5)], max_packs=2, dtype=jnp.float32)
     with pytest.raises(ValueError, match="centers"):
-        commit(bank, custom(bank, [("centers", 0, 1e300)]))
+        commit(bank, custom_proposal(bank, [("centers", 0, 1e300)]))
 
 
 def test_a_birth_with_a_huge_age_is_a_value_error(pair_bank):

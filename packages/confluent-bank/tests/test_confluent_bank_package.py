@@ -7,11 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import confluent_bank
 from confluent_bank.__about__ import __version__ as about_version
 
 PACKAGE_DIR = Path(confluent_bank.__file__).parent
 SIBLING = "hybrid_kernels"
+API_PAGE = PACKAGE_DIR.parents[3] / "docs" / "confluent-bank" / "api.md"
+PUBLIC_MODULES = {"__init__.py", "__about__.py", "optax.py"}
 
 
 def test_version_comes_from_about_and_is_semver():
@@ -25,6 +29,29 @@ def test_every_public_name_is_importable_from_the_root():
     )
     for name in confluent_bank.__all__:
         assert hasattr(confluent_bank, name), f"{name} is in __all__ but not importable"
+
+
+def test_implementation_modules_are_private():
+    public = {p.name for p in PACKAGE_DIR.glob("*.py") if not p.name.startswith("_")}
+    assert public | {"__init__.py", "__about__.py"} == PUBLIC_MODULES
+
+
+def test_only_the_public_modules_define_all():
+    # The root (and the optax sub-namespace) are the one list of public names.
+    offenders = [
+        p.name
+        for p in PACKAGE_DIR.glob("*.py")
+        if p.name not in PUBLIC_MODULES and re.search(r"^__all__\b", p.read_text(), re.M)
+    ]
+    assert offenders == []
+
+
+def test_the_api_page_documents_every_public_name_once():
+    if not API_PAGE.is_file():
+        pytest.skip("the docs are not beside this installed copy")
+    listed = re.findall(r"^::: confluent_bank\.(\w+)$", API_PAGE.read_text(), re.M)
+    expected = sorted((set(confluent_bank.__all__) - {"__version__"}) | {"optax"})
+    assert sorted(listed) == expected
 
 
 def test_every_public_callable_and_class_has_a_docstring():
@@ -62,6 +89,6 @@ def test_submodules_import_cleanly():
     for path in sorted(PACKAGE_DIR.rglob("*.py")):
         rel = path.relative_to(PACKAGE_DIR.parent).with_suffix("")
         name = ".".join(rel.parts).removesuffix(".__init__")
-        if name.endswith("optax") or name.endswith("plotting"):
+        if name.endswith(("optax", "_row_warmup", "plotting")):
             continue  # optional extras, imported only by users who installed them
         importlib.import_module(name)

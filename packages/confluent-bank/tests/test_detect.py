@@ -2,16 +2,13 @@
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _transition_helpers import always, forward
+from helpers import always, forward
 
 import confluent_bank as cb
-from confluent_bank import _proposals as proposals
-
-jax.config.update("jax_enable_x64", True)
+from confluent_bank import _host
 
 
 def reference_detect(bank, score, *, error_budget=0.0):
@@ -105,8 +102,8 @@ def test_scored_candidates_are_exactly_the_committed_banks():
 def test_detection_reads_the_bank_once(monkeypatch):
     bank = search_bank()
     reads = []
-    real = proposals.read_host_state
-    monkeypatch.setattr(proposals, "read_host_state", lambda b: reads.append(1) or real(b))
+    real = _host.read_host_state
+    monkeypatch.setattr(_host, "read_host_state", lambda b: reads.append(1) or real(b))
     assert len(cb.detect_transitions(bank, fewer_active)) == 10
     assert reads == [1]
 

@@ -13,8 +13,7 @@ import sys
 import textwrap
 
 import pytest
-
-from conftest import PB_FORWARD, make_pair_bank
+from helpers import PB_FORWARD, make_pair_bank
 
 CHILD = textwrap.dedent(
     """

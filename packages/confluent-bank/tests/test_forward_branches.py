@@ -12,11 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _transition_helpers import always, moments
+from helpers import BACKEND_COMPILES, always, moments, set_rows
 
 import confluent_bank as cb
-import confluent_bank._bank as bank_module
-from conftest import set_rows
+import confluent_bank._forward as forward_module
 
 Z = jnp.linspace(-2.0, 2.0, 9)
 LIVE = 4  # live slots; slot 4 is spare
@@ -38,8 +37,8 @@ def forced_full(bank):
 
 
 def branch(bank):
-    heights = bank_module._ordinary_heights(bank.max_order)
-    return int(bank_module._branch(bank, heights))
+    heights = forward_module._ordinary_heights(bank.max_order)
+    return int(forward_module._branch(bank, heights))
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +70,7 @@ def test_inactive_slots_do_not_choose_the_branch():
 
 
 def test_an_active_pair_or_moment_slot_takes_the_full_branch(pair_committed_bank):
-    assert branch(pair_committed_bank) == len(bank_module._ordinary_heights(3))
+    assert branch(pair_committed_bank) == len(forward_module._ordinary_heights(3))
     moment = set_rows(simple_bank((0, 0, 0, 0)), [("modes", 1, 2)])
     assert branch(moment) == 3
 
@@ -108,16 +107,6 @@ def test_a_z_derivative_of_a_cheap_branch_is_the_next_tower_row():
     np.testing.assert_allclose(slope, expected, rtol=1e-13)
 
 
-_BACKEND_COMPILES: list[str] = []
-jax.monitoring.register_event_duration_secs_listener(
-    lambda name, *_, **__: (
-        _BACKEND_COMPILES.append(name)
-        if name == "/jax/core/compile/backend_compile_duration"
-        else None
-    )
-)
-
-
 def test_a_commit_that_leaves_the_cheap_branch_does_not_recompile():
     bank = cb.init_confluent_bank(
         [
@@ -136,11 +125,11 @@ def test_a_commit_that_leaves_the_cheap_branch_does_not_recompile():
         bank, bank.propose_pair(0, 1), moments(bank), between_steps=True, acceptance=always
     )
     assert accepted and branch(bank) == 0 and branch(candidate) == 2
-    compiles = len(_BACKEND_COMPILES)
+    compiles = len(BACKEND_COMPILES)
     after_commit = forward(candidate, Z)
     grads = gradient(candidate.parameters, candidate)
     jax.block_until_ready(grads)
-    assert len(_BACKEND_COMPILES) == compiles
+    assert len(BACKEND_COMPILES) == compiles
     # The pair slot really went through the full branch: as an ordinary slot it would differ.
     np.testing.assert_allclose(after_commit, before_commit, rtol=0, atol=3e-16)
     assert float(jnp.abs(grads["odd_moments"][0])) > 0

@@ -7,14 +7,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _transition_helpers import always, moments
+from helpers import always, moments
 
 import confluent_bank as cb
+from confluent_bank import _host
 
 optax = pytest.importorskip("optax")
 import confluent_bank.optax as cbo  # noqa: E402
-
-jax.config.update("jax_enable_x64", True)
 
 DOMAIN = (-1.0, 1.0)
 
@@ -201,6 +200,18 @@ def test_named_moment_state_is_reset_without_an_adapter(pair_bank):
     hook = cb.TransitionHook(_pair_at(0), DOMAIN)
     (bank,), new_state = hook.between_steps(0, (pair_bank,), state)
     assert _equal_trees(new_state, cb.reset_slot_state(state, bank, (0, 1)))
+
+
+def test_a_hook_step_reads_and_digests_the_bank_once(pair_bank, monkeypatch):
+    # The policy's proposal, the commit and its within_error_budget bounds share one view.
+    reads, digests = [], []
+    real_read, real_digest = _host.read_host_state, _host.snapshot_digest
+    monkeypatch.setattr(_host, "read_host_state", lambda b: reads.append(1) or real_read(b))
+    monkeypatch.setattr(_host, "snapshot_digest", lambda s: digests.append(1) or real_digest(s))
+    hook = cb.TransitionHook(_pair_at(0), DOMAIN, retract=False)
+    hook.between_steps(0, (pair_bank,), moments(pair_bank))
+    assert hook.events[0].accepted
+    assert (len(reads), len(digests)) == (1, 1)
 
 
 def test_custom_adapter_is_built_for_the_bank_path(pair_bank):

@@ -10,9 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import set_rows
 
 import confluent_bank as cb
-from conftest import set_rows
 
 INFINITE = jnp.asarray([-jnp.inf, jnp.inf])
 FAR = jnp.asarray([-1e4, 1e4])

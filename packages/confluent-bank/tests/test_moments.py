@@ -6,17 +6,9 @@ import math
 from fractions import Fraction
 
 import pytest
+from helpers import cluster_init
 
 import confluent_bank as cb
-
-CB_CENTERS = (-0.01, 0.0, 0.02)
-CB_WEIGHTS = (0.7, -0.2, 0.5)
-
-
-def cluster_init(order):
-    centers = [Fraction(c) for c in CB_CENTERS]
-    mean = sum(centers, Fraction(0)) / 3
-    return cb.initialize_moments([-c for c in centers], CB_WEIGHTS, order=order, center=-mean)
 
 
 def test_cluster_row_reproduces_the_spec_values_exactly():

@@ -9,14 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _transition_helpers import commit_pair
+from helpers import commit_pair, trained_optax_state
 
 import confluent_bank as cb
 
 optax = pytest.importorskip("optax")
 import confluent_bank.optax as cbo  # noqa: E402
-
-jax.config.update("jax_enable_x64", True)
 
 X = jnp.linspace(-1.0, 1.0, 5)
 ODD_FIELDS = {"mu", "trace", "acc_grads"}
@@ -50,12 +48,7 @@ def _gradient(parameters, bank):
 
 
 def _trained_state(bank, optimizer, steps=2):
-    """An optax state after a few real steps, so every moment row is non-zero."""
-    parameters = bank.parameters
-    state = optimizer.init(parameters)
-    for _ in range(steps):
-        _, state = optimizer.update(_gradient(parameters, bank), state, parameters)
-    return state
+    return trained_optax_state(bank, optimizer, _gradient, steps)
 
 
 def _parity(path):

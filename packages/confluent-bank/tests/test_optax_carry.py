@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _transition_helpers import always, commit_pair
+from helpers import always, commit_pair, trained_optax_state
 
 import confluent_bank as cb
 
@@ -39,11 +39,7 @@ def _gradient(parameters, bank):
 
 
 def _trained_state(bank, optimizer, steps=3):
-    parameters = bank.parameters
-    state = optimizer.init(parameters)
-    for _ in range(steps):
-        _, state = optimizer.update(_gradient(parameters, bank), state, parameters)
-    return state
+    return trained_optax_state(bank, optimizer, _gradient, steps)
 
 
 def _moment_trees(state):

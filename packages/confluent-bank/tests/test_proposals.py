@@ -5,15 +5,12 @@ import json
 from fractions import Fraction
 from math import factorial
 
-import jax
 import numpy as np
 import pytest
-from _transition_helpers import PB_DIGEST
+from helpers import PB_DIGEST
 
 import confluent_bank as cb
-from confluent_bank import _proposals as proposals
-
-jax.config.update("jax_enable_x64", True)
+from confluent_bank import _host
 
 PAIR_JSON = (
     '{"coordinate_identity":"exact_real_coordinate_identity_with_recorded_float_operands",'
@@ -63,7 +60,7 @@ def test_pair_proposal_round_trips_through_json(pb):
 
 
 def test_module_function_and_method_give_the_same_proposal(pb):
-    assert proposals.propose_pair(pb, 0, 1) == pb.propose_pair(0, 1)
+    assert cb.propose_pair(pb, 0, 1) == pb.propose_pair(0, 1)
 
 
 def test_pair_values_follow_the_exact_rational_formulas():
@@ -118,7 +115,7 @@ def test_pair_needs_bitwise_identical_nonzero_scales(pb):
 
 
 def test_pair_range_is_checked_before_the_state_is_read(pb, monkeypatch):
-    monkeypatch.setattr(proposals, "read_host_state", _forbidden_read)
+    monkeypatch.setattr(_host, "read_host_state", _forbidden_read)
     with pytest.raises(ValueError, match="two distinct"):
         pb.propose_pair(0, 9)
 
@@ -155,7 +152,7 @@ class _UnreadableBlock:
 
 
 def test_a_proposal_reads_the_device_once_then_works_on_host_numbers(pb, monkeypatch):
-    state = proposals.read_host_state(pb)
+    state = _host.read_host_state(pb)
     calls = []
 
     def counting_read(bank):
@@ -164,7 +161,7 @@ def test_a_proposal_reads_the_device_once_then_works_on_host_numbers(pb, monkeyp
 
     # A duck-typed bank whose blocks cannot be read element by element.
     fake = dataclasses.replace(pb, **{name: _UnreadableBlock() for name in cb.STATE_NAMES})
-    monkeypatch.setattr(proposals, "read_host_state", counting_read)
+    monkeypatch.setattr(_host, "read_host_state", counting_read)
     assert fake.propose_pair(0, 1).to_json() == PAIR_JSON
     fake.propose_cluster((0, 1), order=2, error_budget=0.0)
     fake.propose_birth(3, cb.RefinedPack(1, 0.0))

@@ -187,3 +187,37 @@ def test_the_spec_pair_proposal_json_round_trips_verbatim():
 def test_from_json_rejects_malformed_text_with_value_error(text):
     with pytest.raises(ValueError):
         cb.TransitionProposal.from_json(text)
+
+
+# --- slot modes and transition kinds ---------------------------------------------------------
+
+
+def test_slot_modes_keep_the_stored_integers():
+    assert [int(mode) for mode in cb.SlotMode] == [0, 1, 2]
+    assert [mode.name for mode in cb.SlotMode] == ["ORDINARY", "PAIR", "MOMENTS"]
+
+
+def test_slot_modes_compare_with_the_modes_block(pair_committed_bank):
+    modes = pair_committed_bank.modes
+    assert (modes == cb.SlotMode.PAIR).tolist() == [True, False, False, False]
+    assert (modes == cb.SlotMode.ORDINARY).tolist() == [False, True, True, True]
+
+
+def test_transition_kinds_are_the_strings_the_proposals_carry(pair_bank):
+    kind = pair_bank.propose_pair(0, 1).kind
+    assert kind == cb.TransitionKind.CENTERED_PAIR and kind == "centered_pair"
+    assert {str(k) for k in cb.TransitionKind} == {
+        "centered_pair",
+        "duplicate_merge",
+        "cluster_to_moments",
+        "pair_to_derivative",
+        "remove_zero",
+        "zero_output_birth",
+    }
+
+
+def test_an_enum_kind_is_stored_as_a_plain_string():
+    record = proposal(kind=cb.TransitionKind.REMOVE_ZERO)
+    assert type(record.kind) is str
+    assert record == proposal(kind="remove_zero")
+    assert record.to_json() == proposal(kind="remove_zero").to_json()

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import PB_PAIR_UPDATES, make_pair_bank, set_rows
 
 import confluent_bank as cb
-from conftest import PB_PAIR_UPDATES, make_pair_bank, set_rows
 
 KEPT = ("scales", "rho", "directions", "direction_bias", *cb.STATE_NAMES[8:])
 

@@ -5,13 +5,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _transition_helpers import always, forward
+from helpers import always, forward
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import confluent_bank as cb
-
-jax.config.update("jax_enable_x64", True)
 
 EPS = float(np.finfo(np.float64).eps)
 CAPACITY, MAX_ORDER = 5, 2

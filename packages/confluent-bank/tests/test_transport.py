@@ -6,11 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _transition_helpers import forward, moments, unique_moments
+from helpers import forward, moments, unique_moments
 
 import confluent_bank as cb
-
-jax.config.update("jax_enable_x64", True)
 
 PERMUTATION = (2, 0, 3, 1)
 
@@ -91,16 +89,27 @@ def test_a_transport_adapter_receives_the_candidate_and_the_transport(pb, tanh_b
     assert state == 5 and seen == [(1, (1, 0, 2, 3), ()), (1, None, (2,))]
 
 
-def test_permuting_needs_no_host_read(pb, monkeypatch):
-    from confluent_bank import _host
-    from confluent_bank import _proposals as proposals
+def _traced(transport, bank, state):
+    """Run `transport(bank, state)` with the bank and state traced: any host read of them
+    (`device_get`, `float`, `np.asarray`) raises a concretization error."""
+    return jax.jit(transport)(bank, state)
 
-    def forbidden(bank):
-        raise AssertionError("permute_bank must stay on the device")
 
-    monkeypatch.setattr(_host, "read_host_state", forbidden)
-    monkeypatch.setattr(proposals, "read_host_state", forbidden)
-    cb.permute_bank(pb, PERMUTATION, moments(pb), between_steps=True)
+def test_permuting_needs_no_host_read(pb):
+    permute = lambda bank, state: cb.permute_bank(  # noqa: E731
+        bank, PERMUTATION, state, between_steps=True
+    )
+    candidate, _ = _traced(permute, pb, moments(pb))
+    assert candidate.slot_ids.tolist() == list(PERMUTATION)
+
+
+def test_the_traced_guard_catches_a_host_read(tanh_bank):
+    # relabel_tanh_sign reads the modes block on the host, so the guard above can fail.
+    relabel = lambda bank, state: cb.relabel_tanh_sign(  # noqa: E731
+        bank, [0], state, between_steps=True
+    )
+    with pytest.raises((jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError)):
+        _traced(relabel, tanh_bank, moments(tanh_bank))
 
 
 # --- tanh sign relabel (seed test 7) ---------------------------------------------------------

@@ -9,10 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import set_rows
 
 import confluent_bank as cb
-import confluent_bank._bank as bank_module
-from conftest import set_rows
+import confluent_bank._forward as forward_module
 
 
 def count_equations(jaxpr) -> int:
@@ -109,13 +109,13 @@ def test_gradient_program_does_not_grow_with_capacity(max_order, base):
 
 def test_each_branch_evaluates_one_tower_for_all_slots(monkeypatch):
     calls = []
-    real = bank_module.sigma_tower_rows
+    real = forward_module.sigma_tower_rows
 
     def counting(activation, z, order):
         calls.append((order, z.shape))
         return real(activation, z, order)
 
-    monkeypatch.setattr(bank_module, "sigma_tower_rows", counting)
+    monkeypatch.setattr(forward_module, "sigma_tower_rows", counting)
     bank = random_bank(1, 5, 3)
     bank.forward(jnp.zeros((1, 7)))  # a shape no other test uses, so it is traced here
     # The order-0 and low-order branches, then the full branch (pairs need rows 0..11).
@@ -124,14 +124,14 @@ def test_each_branch_evaluates_one_tower_for_all_slots(monkeypatch):
 
 def test_the_full_tower_height_is_max_order_when_above_eleven(monkeypatch):
     calls = []
-    real = bank_module.get_activation("sigmoid")
+    real = forward_module.get_activation("sigmoid")
 
     def rows(z, order):
         calls.append(order)
         return real.rows(z, order)
 
     spec = dataclasses.replace(real, rows=rows)
-    monkeypatch.setattr(bank_module, "get_activation", lambda name: spec)
+    monkeypatch.setattr(forward_module, "get_activation", lambda name: spec)
     bank = random_bank(2, 3, 14)
     bank.slot_terms(jnp.zeros((1, 11)))
     assert calls == [0, 3, 14, 14]  # the order-0, low-order, ordinary and full branches
@@ -139,14 +139,14 @@ def test_the_full_tower_height_is_max_order_when_above_eleven(monkeypatch):
 
 def test_a_spec_with_only_a_stacked_tower_is_evaluated_once_per_branch(monkeypatch):
     calls = []
-    real = bank_module.get_activation("tanh")
+    real = forward_module.get_activation("tanh")
 
     def tower(z, order):
         calls.append(order)
         return real.tower(z, order)
 
     spec = dataclasses.replace(real, tower=tower, rows=None)
-    monkeypatch.setattr(bank_module, "get_activation", lambda name: spec)
+    monkeypatch.setattr(forward_module, "get_activation", lambda name: spec)
     bank = random_bank(6, 4, 2, "tanh")
     x = jnp.linspace(-1.0, 1.0, 13)
     terms = bank.slot_terms(x)

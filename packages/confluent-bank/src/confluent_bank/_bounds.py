@@ -14,21 +14,19 @@ from fractions import Fraction
 from typing import Any
 
 from confluent_bank._activations import ActivationSpec, get_activation, riccati_coefficients
-from confluent_bank._host import SERIES_TERMS
+from confluent_bank._host import SERIES_TERMS, HostView
 from confluent_bank._moments import Interval, MomentInitialization, initialize_moments
-from confluent_bank._proposals import _check_implied_updates, _HostBank
-from confluent_bank._records import TransitionProposal
+from confluent_bank._records import TransitionKind, TransitionProposal
+from confluent_bank._verify import check_implied_updates
 
-__all__ = [
-    "EXACT_KINDS",
-    "cluster_remainder",
-    "derivative_bound",
-    "pair_derivative_error",
-    "pair_series_error",
-    "within_error_budget",
-]
-
-EXACT_KINDS = frozenset({"centered_pair", "duplicate_merge", "remove_zero", "zero_output_birth"})
+EXACT_KINDS = frozenset(
+    {
+        TransitionKind.CENTERED_PAIR,
+        TransitionKind.DUPLICATE_MERGE,
+        TransitionKind.REMOVE_ZERO,
+        TransitionKind.ZERO_OUTPUT_BIRTH,
+    }
+)
 """Proposal kinds that are identities in real arithmetic (their bound is 0)."""
 
 Magnitude = float | int | Fraction | Interval
@@ -214,13 +212,6 @@ def _exact_float(value: Any) -> Fraction:
     return Fraction(float(value))
 
 
-def _positions(host: dict[str, Any], proposal: TransitionProposal) -> tuple[int, ...]:
-    ids = host["slot_ids"].tolist()
-    if any(i not in ids for i in proposal.slot_ids):
-        raise ValueError("proposal contains unknown stable slot IDs")
-    return tuple(ids.index(i) for i in proposal.slot_ids)
-
-
 def _pair_bound(
     host: dict[str, Any], base: str, slot: int, domain: tuple[Fraction, Fraction], q: int
 ) -> float:
@@ -303,15 +294,15 @@ def within_error_budget(
     exact_domain = (Fraction(lo), Fraction(hi))
 
     def acceptance(bank: Any, proposal: TransitionProposal) -> bool:
-        view = _HostBank.read(bank)
+        view = HostView.read(bank)  # inside a commit: the commit's view, no second read
         host = view.host
-        slots = _positions(host, proposal)
-        _check_implied_updates(view, proposal, slots)
+        slots = view.positions(proposal.slot_ids)
+        check_implied_updates(view, proposal, slots)
         if proposal.kind in EXACT_KINDS:
             return True
-        if proposal.kind == "pair_to_derivative":
+        if proposal.kind == TransitionKind.PAIR_TO_DERIVATIVE:
             bounds = [_pair_bound(host, bank.base, slots[0], exact_domain, q) for q in orders]
-        elif proposal.kind == "cluster_to_moments":
+        elif proposal.kind == TransitionKind.CLUSTER_TO_MOMENTS:
             bounds = [_cluster_bound(host, bank.base, slots, proposal, q) for q in orders]
         else:
             raise ValueError(f"no error bound is known for proposal kind {proposal.kind!r}")

@@ -32,8 +32,9 @@ optimizer's statistics of the gradient can follow instead of restarting at zero:
 * A **derivative** (`ρ → 0`) keeps its coordinates: its moments are left as they are.
 
 `TransitionCarry` records this plan as sparse entries over the bank's parameter
-coordinates `(block, row, column)`; `apply_carry` applies it to one set of moment arrays.
-Both the optax adapters and `NamedMomentState` go through `apply_carry`.
+coordinates `(block, row, column)`, on host numbers; `apply_carry` (in `_optimizer_state`)
+applies it to one set of moment arrays. Both the optax adapters and `NamedMomentState` go
+through `apply_carry`.
 """
 
 from __future__ import annotations
@@ -41,40 +42,21 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from confluent_bank._host import PARAMETER_NAMES, read_host_state
-from confluent_bank._transport import (
-    EVEN_MOMENT_KINDS,
-    ODD_MOMENT_KINDS,
-    NamedMomentState,
-    _checked_moments,
-    reset_slot_state,
-)
+from confluent_bank._host import PARAMETER_NAMES, HostView
+from confluent_bank._records import TransitionKind
 
 if TYPE_CHECKING:
     from confluent_bank._bank import ConfluentPackBank
     from confluent_bank._records import TransitionProposal
 
-StateT = TypeVar("StateT")
-
-__all__ = [
-    "TransitionCarry",
-    "TransitionStateAdapter",
-    "apply_carry",
-    "carry_slot_state",
-    "moment_carry_adapter",
-    "transition_carry",
-]
-
 # A parameter coordinate: (block name, slot row, column; 0 for the (P,) blocks).
 Coordinate = tuple[str, int, int]
 
-_PAIR_KINDS = ("centered_pair", "duplicate_merge")
+_PAIR_KINDS = (TransitionKind.CENTERED_PAIR, TransitionKind.DUPLICATE_MERGE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,23 +81,6 @@ class TransitionCarry:
     entries: tuple[tuple[Coordinate, Coordinate, float], ...]
     fresh: tuple[Coordinate, ...]
     seeds: tuple[tuple[Coordinate, Coordinate, float], ...] = ()
-
-
-class TransitionStateAdapter(Protocol[StateT]):
-    """An `OptimizerStateAdapter` that can also follow a transition's change of coordinates.
-
-    `commit_transition` calls `adapter.carry_transition(state, candidate_bank, carry)` with
-    the `TransitionCarry` of the committed proposal when the adapter has that method, and
-    the plain `adapter(state, candidate_bank, slots)` otherwise.
-    """
-
-    def __call__(
-        self, state: StateT, bank: ConfluentPackBank, slots: tuple[int, ...]
-    ) -> StateT: ...
-
-    def carry_transition(
-        self, state: StateT, bank: ConfluentPackBank, carry: TransitionCarry
-    ) -> StateT: ...
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,7 +180,7 @@ def _every_coordinate(slot: int, columns: int) -> list[Coordinate]:
     return coordinates
 
 
-def _carry_from_host(
+def carry_from_host(
     host: Mapping[str, np.ndarray], proposal: TransitionProposal, slots: tuple[int, ...]
 ) -> TransitionCarry:
     """The plan for `proposal` (committed at positions `slots`) from the old host state."""
@@ -226,12 +191,12 @@ def _carry_from_host(
     reset = slots
     if kind in _PAIR_KINDS and len(slots) == 2:
         entries, fresh = _pair_entries(host, *slots)
-    elif kind == "cluster_to_moments":
+    elif kind == TransitionKind.CLUSTER_TO_MOMENTS:
         order = next(int(u.value) for u in proposal.updates if u.name == "orders")
         entries = _cluster_entries(host, slots, order)
-    elif kind == "pair_to_derivative":
+    elif kind == TransitionKind.PAIR_TO_DERIVATIVE:
         reset = ()  # same coordinates; only the spread's value moves
-    elif kind == "remove_zero":
+    elif kind == TransitionKind.REMOVE_ZERO:
         pass  # the slot is switched off: its statistics no longer matter
     else:  # a birth, or a kind whose coordinate change is unknown: restart and warm in
         fresh = [c for i in slots for c in _every_coordinate(i, columns)]
@@ -251,8 +216,8 @@ def _carry_from_host(
 def transition_carry(bank: ConfluentPackBank, proposal: TransitionProposal) -> TransitionCarry:
     """The `TransitionCarry` that committing `proposal` to `bank` would use.
 
-    `commit_transition` builds it from its own host copy; this is for custom adapters and
-    inspection. Reads the bank from the device once.
+    `commit_transition` builds it from its transaction's host view; this is for custom adapters
+    and inspection. Reads the bank from the device once (outside a transaction).
 
     **Arguments:**
 
@@ -261,162 +226,5 @@ def transition_carry(bank: ConfluentPackBank, proposal: TransitionProposal) -> T
 
     **Raises:** `ValueError` for a stable id the bank does not hold.
     """
-    host = read_host_state(bank)
-    ids = [int(i) for i in host["slot_ids"]]
-    unknown = [i for i in proposal.slot_ids if i not in ids]
-    if unknown:
-        raise ValueError(f"proposal contains unknown stable slot IDs {unknown}; bank has {ids}")
-    return _carry_from_host(host, proposal, tuple(ids.index(i) for i in proposal.slot_ids))
-
-
-# ---------------------------------------------------------------------------------------------
-# Applying the plan to one bank-shaped set of arrays (one compiled program per structure and
-# padded plan length, whatever the slots).
-
-
-@jax.jit
-def _carry_jit(tree: Any, keep: Any, dst: Any, src: Any, coef: Any, even: Any) -> Any:
-    leaves, treedef = jax.tree.flatten(tree)
-    flat = jnp.concatenate([jnp.ravel(leaf) for leaf in leaves])
-    old = flat[src]
-    odd_sum = jax.ops.segment_sum(coef * old, dst, num_segments=flat.size)
-    root = jnp.sqrt(jnp.maximum(old, 0))
-    even_sum = jax.ops.segment_sum(jnp.abs(coef) * root, dst, num_segments=flat.size) ** 2
-    new = jnp.where(keep, flat, 0) + jnp.where(even, even_sum, odd_sum)
-    pieces, start = [], 0
-    for leaf in leaves:
-        pieces.append(new[start : start + leaf.size].reshape(leaf.shape).astype(leaf.dtype))
-        start += leaf.size
-    return jax.tree.unflatten(treedef, pieces)
-
-
-@jax.jit
-def _fresh_jit(tree: Any, fresh: Any) -> Any:
-    leaves, treedef = jax.tree.flatten(tree)
-    pieces, start = [], 0
-    for leaf in leaves:
-        mask = fresh[start : start + leaf.size].reshape(leaf.shape)
-        pieces.append(jnp.where(mask, jnp.zeros((), leaf.dtype), leaf))
-        start += leaf.size
-    return jax.tree.unflatten(treedef, pieces)
-
-
-def _offsets(arrays: Mapping[str, Any]) -> tuple[dict[str, tuple[int, int]], int]:
-    offsets, total = {}, 0
-    for name in sorted(arrays):
-        shape = np.shape(arrays[name])
-        width = int(np.prod(shape[1:], dtype=int))
-        offsets[name] = (total, width)
-        total += int(np.prod(shape, dtype=int))
-    return offsets, total
-
-
-def _flat_index(offsets: Mapping[str, tuple[int, int]], coordinate: Coordinate) -> int | None:
-    name, row, column = coordinate
-    if name not in offsets:
-        return None  # a block the optimizer does not see (filtered params)
-    start, width = offsets[name]
-    return start + row * width + column
-
-
-def apply_carry(arrays: Mapping[str, Any], carry: TransitionCarry, parity: str) -> dict[str, Any]:
-    """Move one statistic of the bank's parameters through a transition.
-
-    **Arguments:**
-
-    - `arrays`: `{block name: array}` for some or all of `PARAMETER_NAMES`, each shaped like
-      the bank's block (blocks the optimizer does not see may be left out).
-    - `carry`: the transition's `TransitionCarry`.
-    - `parity`: `"odd"` (linear in the gradient: `μ' = G μ`), `"even"` (quadratic:
-      `ν' = (|G| √ν)²`, fresh coordinates seeded from `carry.seeds`) or `"warmup"`
-      (warm-up counters: `fresh` coordinates restart at 0).
-
-    **Returns:** a new dict with the same keys; rows outside `carry.reset` are unchanged.
-    """
-    if parity not in ("odd", "even", "warmup"):
-        raise ValueError(f"parity must be 'odd', 'even' or 'warmup', got {parity!r}")
-    arrays = dict(arrays)
-    if not arrays:
-        return arrays
-    offsets, total = _offsets(arrays)
-    ordered = {name: arrays[name] for name in sorted(arrays)}
-    if parity == "warmup":
-        fresh = np.zeros(total, dtype=bool)
-        for coordinate in carry.fresh:
-            index = _flat_index(offsets, coordinate)
-            if index is not None:
-                fresh[index] = True
-        return dict(_fresh_jit(ordered, fresh)) if fresh.any() else arrays
-    if not carry.reset:
-        return arrays
-    keep = np.ones(total, dtype=bool)
-    for start, width in offsets.values():
-        for row in carry.reset:
-            keep[start + row * width : start + (row + 1) * width] = False
-    triples = []
-    for new, old, coefficient in carry.entries + (carry.seeds if parity == "even" else ()):
-        dst, src = _flat_index(offsets, new), _flat_index(offsets, old)
-        if dst is not None and src is not None:
-            triples.append((dst, src, coefficient))
-    # pad to a power of two, so a handful of compiled programs serve every transition
-    length = 1 << max(len(triples), 1).bit_length()
-    dst = np.zeros(length, dtype=np.int32)
-    src = np.zeros(length, dtype=np.int32)
-    coef = np.zeros(length)
-    for i, (d, s, k) in enumerate(triples):
-        dst[i], src[i], coef[i] = d, s, k
-    dtype = jnp.result_type(*ordered.values())
-    result = _carry_jit(ordered, keep, dst, src, coef.astype(dtype), np.bool_(parity == "even"))
-    return dict(result)
-
-
-# ---------------------------------------------------------------------------------------------
-# NamedMomentState
-
-
-def carry_slot_state(state: Any, bank: ConfluentPackBank, carry: TransitionCarry) -> Any:
-    """Carry a `NamedMomentState` through a transition (see the module docs for the maths).
-
-    Odd kinds (`"first"`, `"momentum"`, `"gradient_average"`) move linearly, even kinds
-    (`"second"`, `"variance"`, ...) by the Cauchy–Schwarz bound; `step` is kept.
-
-    **Arguments:**
-
-    - `state`: a `NamedMomentState` matching the bank's parameters.
-    - `bank`: the candidate bank; only its parameter shapes are read.
-    - `carry`: the transition's `TransitionCarry`.
-
-    **Returns:** a new `NamedMomentState` with the same `step` object.
-
-    **Raises:** `TypeError` for another state type or a moment kind whose parity is unknown;
-    `ValueError` for key-set or shape mismatches.
-    """
-    moments = _checked_moments(state, bank, "OptimizerStateAdapter")
-    unknown = sorted(set(moments) - ODD_MOMENT_KINDS - EVEN_MOMENT_KINDS)
-    if unknown and carry.reset:
-        raise TypeError(
-            f"unknown moment parity: kinds {unknown} are neither odd {sorted(ODD_MOMENT_KINDS)} "
-            f"nor even {sorted(EVEN_MOMENT_KINDS)}; pass an explicit OptimizerStateAdapter"
-        )
-    carried = {
-        kind: apply_carry(entries, carry, "odd" if kind in ODD_MOMENT_KINDS else "even")
-        for kind, entries in moments.items()
-    }
-    return NamedMomentState(state.step, carried)
-
-
-@dataclasses.dataclass(frozen=True)
-class _MomentCarryAdapter:
-    def __call__(self, state: Any, bank: Any, slots: tuple[int, ...]) -> Any:
-        return reset_slot_state(state, bank, slots)
-
-    def carry_transition(self, state: Any, bank: Any, carry: TransitionCarry) -> Any:
-        return carry_slot_state(state, bank, carry)
-
-
-def moment_carry_adapter() -> TransitionStateAdapter[Any]:
-    """A `TransitionStateAdapter` for `NamedMomentState`: `commit_transition(...,
-    state_adapter=moment_carry_adapter())` carries the moments (`carry_slot_state`) instead
-    of zeroing the affected rows (`reset_slot_state`, the default without an adapter).
-    """
-    return _MomentCarryAdapter()
+    view = HostView.read(bank)
+    return carry_from_host(view.host, proposal, view.positions(proposal.slot_ids))

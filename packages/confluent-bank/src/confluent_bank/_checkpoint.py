@@ -36,8 +36,6 @@ from confluent_bank._host import (
     snapshot_digest,
 )
 
-__all__ = ["bank_from_checkpoint", "load_checkpoint", "save_checkpoint", "snapshot_digest"]
-
 _TOP_LEVEL = {"schema_version", "base", "max_order", "state"}
 _BLOCK_KEYS = {"shape", "dtype", "values"}
 _CONFIGURATION = "__configuration__"

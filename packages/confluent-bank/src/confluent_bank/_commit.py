@@ -1,6 +1,9 @@
 """Committing proposals: the functional host transaction and the pair search built on it.
 
-A commit reads the bank's state from the device once, checks that the proposal was made
+A commit opens one host transaction (`_host.transaction`): it reads the bank's state from the
+device once and digests it once, and the staleness check, the rule check, the caller's
+acceptance callback (e.g. `within_error_budget`) and the optimizer-state carry all share that
+view. It checks that the proposal was made
 from exactly this state (version and digest), asks the caller's acceptance callback, applies
 the updates to host copies of the touched blocks, and puts them back on the device in one
 transfer. Rejection, by the acceptance callback or the postcondition, returns the very same
@@ -18,22 +21,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import jax
 import numpy as np
 
-from confluent_bank._carry import _carry_from_host
-from confluent_bank._host import STATE_NAMES, representation_problems
-from confluent_bank._proposals import _check_implied_updates, _HostBank, _pair_proposal
+from confluent_bank._carry import carry_from_host
+from confluent_bank._host import STATE_NAMES, HostView, representation_problems, transaction
+from confluent_bank._named_moments import reset_slot_state
+from confluent_bank._optimizer_state import NamedMomentState, OptimizerStateAdapter
+from confluent_bank._proposals import _pair_proposal
 from confluent_bank._records import SlotUpdate, TransitionProposal
-from confluent_bank._transport import (
-    NamedMomentState,
-    OptimizerStateAdapter,
-    reset_slot_state,
-)
+from confluent_bank._verify import check_implied_updates
 
 if TYPE_CHECKING:
     from confluent_bank._bank import ConfluentPackBank
 
 StateT = TypeVar("StateT")
-
-__all__ = ["commit_transition", "detect_transitions"]
 
 _FIXED_BLOCKS = ("slot_ids", "transition_version")
 
@@ -150,7 +149,9 @@ def commit_transition(
     `state_adapter(state, candidate, slots)`, or `reset_slot_state` for a
     `NamedMomentState`); `postcondition(candidate)` (falsy → the originals and `False`).
 
-    The bank is read from the device once; the touched blocks go back in one transfer.
+    The bank is read from the device and digested once, in one host transaction that the
+    acceptance callback shares (a `within_error_budget` callback reads no more); the touched
+    blocks go back in one transfer.
     The acceptance callback is where an `error_budget` is judged (see `within_error_budget`).
     Built-in kinds (`"centered_pair"`, `"duplicate_merge"`, `"cluster_to_moments"`,
     `"pair_to_derivative"`, `"remove_zero"`, `"zero_output_birth"`) must carry exactly their
@@ -166,7 +167,7 @@ def commit_transition(
     - `acceptance`: `(bank, proposal) -> bool`.
     - `postcondition`: optional `(candidate) -> bool`, checked last.
     - `state_adapter`: an `OptimizerStateAdapter`, e.g. `confluent_bank.optax.commit_adapter()`
-      (which carries the moments through the transition, see `confluent_bank._carry`).
+      (which carries the moments through the transition, see `TransitionCarry`).
 
     **Returns:** `(bank', state', accepted)`.
 
@@ -185,19 +186,37 @@ def commit_transition(
         )
     if not isinstance(proposal, TransitionProposal):
         raise TypeError(f"proposal must be a TransitionProposal, got {type(proposal).__name__}")
-    view = _HostBank.read(bank)
+    with transaction(bank) as view:
+        return _commit(
+            bank,
+            view,
+            proposal,
+            optimizer_state,
+            acceptance=acceptance,
+            postcondition=postcondition,
+            state_adapter=state_adapter,
+        )
+
+
+def _commit(
+    bank: Any,
+    view: HostView,
+    proposal: TransitionProposal,
+    optimizer_state: Any,
+    *,
+    acceptance: Callable[[Any, TransitionProposal], bool],
+    postcondition: Callable[[Any], bool] | None,
+    state_adapter: Any,
+) -> tuple[Any, Any, bool]:
+    """`commit_transition`'s steps after the guards, on the transaction's host view."""
     if proposal.source_version != view.version or proposal.source_digest != view.digest:
         raise ValueError(
             "stale transition proposal: it was made from version "
             f"{proposal.source_version} (digest {proposal.source_digest[:12]}…), the bank is at "
             f"version {view.version} (digest {view.digest[:12]}…); propose again"
         )
-    ids = [int(i) for i in view.host["slot_ids"]]
-    unknown = [i for i in proposal.slot_ids if i not in ids]
-    if unknown:
-        raise ValueError(f"proposal contains unknown stable slot IDs {unknown}; bank has {ids}")
-    slots = tuple(ids.index(i) for i in proposal.slot_ids)
-    _check_implied_updates(view, proposal, slots)
+    slots = view.positions(proposal.slot_ids)
+    check_implied_updates(view, proposal, slots)
     if not acceptance(bank, proposal):
         return bank, optimizer_state, False
     changed = _apply_updates(view.host, proposal.updates, slots, view.max_order)
@@ -211,7 +230,7 @@ def commit_transition(
             )
         next_state: Any = reset_slot_state(optimizer_state, candidate, slots)
     elif hasattr(state_adapter, "carry_transition"):
-        carry = _carry_from_host(view.host, proposal, slots)
+        carry = carry_from_host(view.host, proposal, slots)
         next_state = state_adapter.carry_transition(optimizer_state, candidate, carry)
     else:
         next_state = state_adapter(optimizer_state, candidate, slots)
@@ -265,7 +284,7 @@ def detect_transitions(
     if not math.isfinite(float(error_budget)) or error_budget < 0:
         raise ValueError(f"error_budget must be a finite non-negative number, got {error_budget!r}")
     baseline = _score(conditioning_score, bank)
-    view = _HostBank.read(bank)
+    view = HostView.read(bank)
     ranked: list[tuple[float, tuple[int, ...], TransitionProposal]] = []
     for first in range(view.max_packs):
         for second in range(first + 1, view.max_packs):

@@ -20,10 +20,9 @@ import jax.numpy as jnp
 from confluent_bank._bank import ConfluentPackBank
 from confluent_bank._bounds import within_error_budget
 from confluent_bank._commit import commit_transition
+from confluent_bank._host import transaction
+from confluent_bank._optimizer_state import NamedMomentState, OptimizerStateAdapter
 from confluent_bank._records import TransitionProposal
-from confluent_bank._transport import NamedMomentState, OptimizerStateAdapter
-
-__all__ = ["TransitionEvent", "TransitionHook"]
 
 Proposer = Callable[[int, str, ConfluentPackBank], TransitionProposal | None]
 
@@ -139,26 +138,29 @@ class TransitionHook:
         banks = [i for i, (_, leaf) in enumerate(leaves) if _is_bank(leaf)]
         for i in banks:
             path, bank = jax.tree_util.keystr(leaves[i][0]), leaves[i][1]
-            proposal = self.propose(step, path, bank)
-            if proposal is None:
-                continue
-            if not isinstance(proposal, TransitionProposal):
-                raise TypeError(
-                    f"TransitionHook: propose returned {type(proposal).__name__} for the bank "
-                    f"at {path or '<root>'} after step {step}; expected a TransitionProposal "
-                    "or None"
+            # One host transaction per bank: the policy's proposals, the commit and its
+            # acceptance bounds share one device read and one digest.
+            with transaction(bank):
+                proposal = self.propose(step, path, bank)
+                if proposal is None:
+                    continue
+                if not isinstance(proposal, TransitionProposal):
+                    raise TypeError(
+                        f"TransitionHook: propose returned {type(proposal).__name__} for the "
+                        f"bank at {path or '<root>'} after step {step}; expected a "
+                        "TransitionProposal or None"
+                    )
+                before = after = None
+                if self.objective is not None:
+                    before = float(self.objective(treedef.unflatten([x for _, x in leaves])))
+                new_bank, opt_state, accepted = commit_transition(
+                    bank,
+                    proposal,
+                    opt_state,
+                    between_steps=True,
+                    acceptance=self.acceptance,
+                    state_adapter=self._adapter(path, len(banks), opt_state),
                 )
-            before = after = None
-            if self.objective is not None:
-                before = float(self.objective(treedef.unflatten([leaf for _, leaf in leaves])))
-            new_bank, opt_state, accepted = commit_transition(
-                bank,
-                proposal,
-                opt_state,
-                between_steps=True,
-                acceptance=self.acceptance,
-                state_adapter=self._adapter(path, len(banks), opt_state),
-            )
             leaves[i] = (leaves[i][0], new_bank)
             if self.objective is not None:
                 after = before

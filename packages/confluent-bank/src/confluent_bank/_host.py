@@ -1,14 +1,24 @@
-"""The host-side layout of a bank's state: block names, one-read host copies, snapshots, digests.
+"""The host-side layout of a bank's state: block names, one host view per transaction,
+snapshots, digests.
 
-Host decisions (proposals, commits, checkpoints) work on numpy copies of the bank's blocks read
-from the device in a single transfer, never on per-element device reads.
+Host decisions (proposals, commits, error bounds, checkpoints) work on numpy copies of the
+bank's blocks read from the device in a single transfer, never on per-element device reads.
+A transaction (`transaction(bank)`, opened by `commit_transition` and by the transition hook)
+reads the bank once and digests it once; every `HostView.read(bank)` of the same bank object
+inside it (the proposal rules, the staleness check, the acceptance callback's error bounds,
+the optimizer-state carry) gets that one view.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from fractions import Fraction
+from functools import cached_property
 from typing import Any
 
 import jax
@@ -54,6 +64,79 @@ def read_host_state(bank: Any) -> dict[str, np.ndarray]:
     """
     blocks = jax.device_get(tuple(getattr(bank, name) for name in STATE_NAMES))
     return {name: np.asarray(value) for name, value in zip(STATE_NAMES, blocks, strict=True)}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class HostView:
+    """One host copy of a bank's state, its static configuration and (lazily) its digest.
+
+    **Fields:** `host` (`{name: numpy array}` in `STATE_NAMES` order), `base`, `max_order`
+    and `source`, the bank object it was read from (a transaction hands this view to every
+    reader of that same object).
+    """
+
+    host: dict[str, np.ndarray]
+    base: str
+    max_order: int
+    source: Any = dataclasses.field(repr=False, default=None)
+
+    @classmethod
+    def read(cls, bank: Any) -> HostView:
+        """The open transaction's view of `bank`, or a fresh one (one device read)."""
+        active = _ACTIVE.get()
+        if active is not None and active.source is bank:
+            return active
+        return cls(read_host_state(bank), str(bank.base), int(bank.max_order), bank)
+
+    @property
+    def max_packs(self) -> int:
+        return int(self.host["centers"].shape[0])
+
+    @property
+    def version(self) -> int:
+        return int(self.host["transition_version"])
+
+    @cached_property
+    def digest(self) -> str:
+        """`snapshot_digest` of the bank's portable snapshot, computed once per view."""
+        return snapshot_digest(
+            snapshot_from_host(self.host, base=self.base, max_order=self.max_order)
+        )
+
+    def exact(self, name: str, slot: int) -> Fraction:
+        """`name[slot]` as the exact binary rational of its float value."""
+        return Fraction(float(self.host[name][slot]))
+
+    def slot_id(self, slot: int) -> int:
+        return int(self.host["slot_ids"][slot])
+
+    def positions(self, slot_ids: tuple[int, ...]) -> tuple[int, ...]:
+        """The slot positions of stable `slot_ids`; `ValueError` for an id the bank lacks."""
+        ids = [int(i) for i in self.host["slot_ids"]]
+        unknown = [i for i in slot_ids if i not in ids]
+        if unknown:
+            raise ValueError(f"proposal contains unknown stable slot IDs {unknown}; bank has {ids}")
+        return tuple(ids.index(i) for i in slot_ids)
+
+
+_ACTIVE: contextvars.ContextVar[HostView | None] = contextvars.ContextVar(
+    "confluent_bank_host_view", default=None
+)
+
+
+@contextlib.contextmanager
+def transaction(bank: Any) -> Iterator[HostView]:
+    """Open one host transaction on `bank`: read and digest it once for everything inside.
+
+    Re-entrant: inside a transaction on the same bank object the open view is reused. The view
+    is bound to the object, not its values, so a bank built inside (a candidate) is read anew.
+    """
+    view = HostView.read(bank)
+    token = _ACTIVE.set(view)
+    try:
+        yield view
+    finally:
+        _ACTIVE.reset(token)
 
 
 def representation_problems(blocks: Mapping[str, np.ndarray], *, max_order: int) -> list[str]:

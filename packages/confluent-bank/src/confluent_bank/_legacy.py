@@ -15,8 +15,6 @@ from confluent_bank._activations import get_activation
 from confluent_bank._bank import ConfluentPackBank, init_confluent_bank
 from confluent_bank._records import RefinedPack
 
-__all__ = ["AdaptivePackBank", "init_pack_bank", "legacy_forward", "migrate_legacy"]
-
 
 @dataclasses.dataclass
 class AdaptivePackBank:

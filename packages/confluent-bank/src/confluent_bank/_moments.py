@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import NamedTuple
 
-__all__ = ["Interval", "MomentInitialization", "initialize_moments", "pair_moments"]
-
 Rational = Fraction | float | int
 
 

@@ -1,10 +1,11 @@
 """Transition proposals: host rules that turn a bank into a `TransitionProposal`.
 
-Every proposal reads the bank's state from the device once (`read_host_state`) and then
-works on host numbers: float values are read as their exact binary rationals
-(`fractions.Fraction`), combined exactly and rounded to float once. The bank is duck-typed
-(`max_packs`, `max_order`, `base` and the state blocks); `ConfluentPackBank.propose_*`
-delegate here.
+Every proposal takes one host view of the bank (`HostView.read`: one device read, or the open
+transaction's view) and then works on host numbers: float values are read as their exact
+binary rationals (`fractions.Fraction`), combined exactly and rounded to float once. The bank
+is duck-typed (`max_packs`, `max_order`, `base` and the state blocks);
+`ConfluentPackBank.propose_*` delegate here, and `_verify` reruns the same rules to check a
+proposal at commit time.
 
 Naming trap kept from the reference: the error texts call the input slope (the `scales`
 block) the "weight"; the `weights` block holds output coefficients.
@@ -12,30 +13,23 @@ block) the "weight"; the `weights` block holds output coefficients.
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from fractions import Fraction
-from functools import cached_property
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numpy as np
-
-from confluent_bank._host import read_host_state, snapshot_digest, snapshot_from_host
+from confluent_bank._host import HostView
 from confluent_bank._moments import initialize_moments
-from confluent_bank._records import RefinedPack, SlotUpdate, TransitionProposal
+from confluent_bank._records import (
+    RefinedPack,
+    SlotMode,
+    SlotUpdate,
+    TransitionKind,
+    TransitionProposal,
+    as_index,
+)
 
 if TYPE_CHECKING:
     from confluent_bank._bank import ConfluentPackBank
-
-__all__ = [
-    "propose_birth",
-    "propose_cluster",
-    "propose_derivative",
-    "propose_pair",
-    "propose_remove_zero",
-]
 
 _PAIR_IDENTITY = "exact_real_coordinate_identity_with_recorded_float_operands"
 
@@ -45,73 +39,39 @@ class _Transition(NamedTuple):
 
     slots: tuple[int, ...]
     updates: tuple[SlotUpdate, ...]
-    kind: str
+    kind: TransitionKind
     identity: str
 
 
-@dataclasses.dataclass(frozen=True)
-class _HostBank:
-    """One host copy of a bank's state plus the static configuration it needs."""
+def _describe(view: HostView, slot: int) -> str:
+    return (
+        f"slot {slot} has active={bool(view.host['active'][slot])}, "
+        f"mode={int(view.host['modes'][slot])}, order={int(view.host['orders'][slot])}"
+    )
 
-    host: dict[str, np.ndarray]
-    base: str
-    max_order: int
 
-    @classmethod
-    def read(cls, bank: Any) -> _HostBank:
-        return cls(read_host_state(bank), str(bank.base), int(bank.max_order))
+def _is_ordinary_order_zero(view: HostView, slot: int) -> bool:
+    return (
+        bool(view.host["active"][slot])
+        and int(view.host["modes"][slot]) == SlotMode.ORDINARY
+        and int(view.host["orders"][slot]) == 0
+    )
 
-    @property
-    def max_packs(self) -> int:
-        return int(self.host["centers"].shape[0])
 
-    @property
-    def version(self) -> int:
-        return int(self.host["transition_version"])
-
-    @cached_property
-    def digest(self) -> str:
-        snapshot = snapshot_from_host(self.host, base=self.base, max_order=self.max_order)
-        return snapshot_digest(snapshot)
-
-    def exact(self, name: str, slot: int) -> Fraction:
-        return Fraction(float(self.host[name][slot]))
-
-    def slot_id(self, slot: int) -> int:
-        return int(self.host["slot_ids"][slot])
-
-    def describe(self, slot: int) -> str:
-        return (
-            f"slot {slot} has active={bool(self.host['active'][slot])}, "
-            f"mode={int(self.host['modes'][slot])}, order={int(self.host['orders'][slot])}"
-        )
-
-    def is_ordinary_order_zero(self, slot: int) -> bool:
-        return (
-            bool(self.host["active"][slot])
-            and int(self.host["modes"][slot]) == 0
-            and int(self.host["orders"][slot]) == 0
-        )
-
-    def proposal(self, transition: _Transition, error_budget: Any) -> TransitionProposal:
-        return TransitionProposal(
-            self.digest,
-            self.version,
-            tuple(self.slot_id(i) for i in transition.slots),
-            transition.updates,
-            transition.kind,
-            transition.identity,
-            error_budget,
-        )
+def _proposal(view: HostView, transition: _Transition, error_budget: Any) -> TransitionProposal:
+    return TransitionProposal(
+        view.digest,
+        view.version,
+        tuple(view.slot_id(i) for i in transition.slots),
+        transition.updates,
+        transition.kind,
+        transition.identity,
+        error_budget,
+    )
 
 
 def _position(value: Any, argument: str, what: str = "an integer slot position") -> int:
-    if isinstance(value, bool | np.bool_):
-        raise TypeError(f"{argument} must be {what}, got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{argument} must be {what}, got {value!r}") from None
+    return as_index(value, argument, what)
 
 
 def _check_slot(bank: Any, slot: Any) -> int:
@@ -126,18 +86,18 @@ def _check_slot(bank: Any, slot: Any) -> int:
 
 
 def _pair_proposal(
-    view: _HostBank, first: int, second: int, error_budget: Any
+    view: HostView, first: int, second: int, error_budget: Any
 ) -> TransitionProposal:
     """The centred-pair proposal on host numbers (shared with `detect_transitions`)."""
-    return view.proposal(_pair(view, first, second), error_budget)
+    return _proposal(view, _pair(view, first, second), error_budget)
 
 
-def _pair(view: _HostBank, first: int, second: int) -> _Transition:
+def _pair(view: HostView, first: int, second: int) -> _Transition:
     """The centred-pair rule on host numbers."""
     for i in (first, second):
-        if not view.is_ordinary_order_zero(i):
+        if not _is_ordinary_order_zero(view, i):
             raise ValueError(
-                "pair proposal requires ordinary order-zero live slots; " + view.describe(i)
+                "pair proposal requires ordinary order-zero live slots; " + _describe(view, i)
             )
     scale = view.exact("scales", first)
     if scale != view.exact("scales", second) or scale == 0:
@@ -156,7 +116,7 @@ def _pair(view: _HostBank, first: int, second: int) -> _Transition:
         ("weights", first, a[0] + a[1]),
         ("rho", first, half * half),
         ("odd_moments", first, odd),
-        ("modes", first, 1),
+        ("modes", first, SlotMode.PAIR),
         ("directions", first, 0),
         ("direction_bias", first, 1),
         ("active", second, 0),
@@ -165,7 +125,7 @@ def _pair(view: _HostBank, first: int, second: int) -> _Transition:
     )
     # Fraction -> float is correctly rounded: each stored value is rounded exactly once.
     updates = tuple(SlotUpdate(name, i, float(v)) for name, i, v in values)
-    kind = "duplicate_merge" if half == 0 else "centered_pair"
+    kind = TransitionKind.DUPLICATE_MERGE if half == 0 else TransitionKind.CENTERED_PAIR
     return _Transition((first, second), updates, kind, _PAIR_IDENTITY)
 
 
@@ -199,7 +159,7 @@ def propose_pair(
             f"two distinct live slots required: got first={first}, second={second} for a bank "
             f"of {bank.max_packs} slots"
         )
-    return _pair_proposal(_HostBank.read(bank), first, second, error_budget)
+    return _pair_proposal(HostView.read(bank), first, second, error_budget)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,21 +206,21 @@ def propose_cluster(
             f"{positions} and order {order} for a bank of {bank.max_packs} slots and "
             f"max_order {bank.max_order}"
         )
-    view = _HostBank.read(bank)
-    return view.proposal(_cluster(view, positions, order), error_budget)
+    view = HostView.read(bank)
+    return _proposal(view, _cluster(view, positions, order), error_budget)
 
 
-def _cluster(view: _HostBank, positions: tuple[int, ...], order: int) -> _Transition:
+def _cluster(view: HostView, positions: tuple[int, ...], order: int) -> _Transition:
     """The cluster rule on host numbers (positions distinct and in range, order in range)."""
     first = positions[0]
     scale = view.exact("scales", first)
     if scale == 0:
         raise ValueError(f"nonzero common weight required: slot {first} has scale 0")
     for i in positions:
-        if not view.is_ordinary_order_zero(i) or view.exact("scales", i) != scale:
+        if not _is_ordinary_order_zero(view, i) or view.exact("scales", i) != scale:
             raise ValueError(
                 "cluster requires ordinary order-zero atoms with a common weight; "
-                f"{view.describe(i)}, scale={float(view.exact('scales', i))!r} (first slot's "
+                f"{_describe(view, i)}, scale={float(view.exact('scales', i))!r} (first slot's "
                 f"scale {float(scale)!r})"
             )
     centers = [view.exact("centers", i) for i in positions]
@@ -274,7 +234,7 @@ def _cluster(view: _HostBank, positions: tuple[int, ...], order: int) -> _Transi
     row = tuple(moments.moments) + (0.0,) * (view.max_order - order)
     updates = [
         SlotUpdate("centers", first, float(center)),
-        SlotUpdate("modes", first, 2),
+        SlotUpdate("modes", first, SlotMode.MOMENTS),
         SlotUpdate("orders", first, order),
         SlotUpdate("moment_coefficients", first, row),
     ]
@@ -283,7 +243,7 @@ def _cluster(view: _HostBank, positions: tuple[int, ...], order: int) -> _Transi
     return _Transition(
         positions,
         tuple(updates),
-        "cluster_to_moments",
+        TransitionKind.CLUSTER_TO_MOMENTS,
         "finite-spread truncation with explicit remainder",
     )
 
@@ -308,17 +268,17 @@ def propose_derivative(
     centred pair.
     """
     slot = _check_slot(bank, slot)
-    view = _HostBank.read(bank)
-    return view.proposal(_derivative(view, slot), error_budget)
+    view = HostView.read(bank)
+    return _proposal(view, _derivative(view, slot), error_budget)
 
 
-def _derivative(view: _HostBank, slot: int) -> _Transition:
-    if not bool(view.host["active"][slot]) or int(view.host["modes"][slot]) != 1:
-        raise ValueError("a live centered-pair slot is required; " + view.describe(slot))
+def _derivative(view: HostView, slot: int) -> _Transition:
+    if not bool(view.host["active"][slot]) or int(view.host["modes"][slot]) != SlotMode.PAIR:
+        raise ValueError("a live centered-pair slot is required; " + _describe(view, slot))
     return _Transition(
         (slot,),
         (SlotUpdate("rho", slot, 0.0),),
-        "pair_to_derivative",
+        TransitionKind.PAIR_TO_DERIVATIVE,
         "limit_atom; finite-spread error requires acceptance",
     )
 
@@ -337,19 +297,20 @@ def propose_remove_zero(bank: ConfluentPackBank, slot: int) -> TransitionProposa
     ordinary or has a non-zero weight.
     """
     slot = _check_slot(bank, slot)
-    view = _HostBank.read(bank)
-    return view.proposal(_remove_zero(view, slot), 0.0)
+    view = HostView.read(bank)
+    return _proposal(view, _remove_zero(view, slot), 0.0)
 
 
-def _remove_zero(view: _HostBank, slot: int) -> _Transition:
+def _remove_zero(view: HostView, slot: int) -> _Transition:
     weight = float(view.host["weights"][slot])
-    if not bool(view.host["active"][slot]) or int(view.host["modes"][slot]) != 0 or weight != 0:
+    ordinary = int(view.host["modes"][slot]) == SlotMode.ORDINARY
+    if not bool(view.host["active"][slot]) or not ordinary or weight != 0:
         raise ValueError(
             "an exactly zero ordinary output coefficient is required; "
-            f"{view.describe(slot)}, weight={weight!r}"
+            f"{_describe(view, slot)}, weight={weight!r}"
         )
     return _Transition(
-        (slot,), (SlotUpdate("active", slot, 0),), "remove_zero", "exact_zero_output"
+        (slot,), (SlotUpdate("active", slot, 0),), TransitionKind.REMOVE_ZERO, "exact_zero_output"
     )
 
 
@@ -375,11 +336,11 @@ def propose_birth(bank: ConfluentPackBank, slot: int, pack: RefinedPack) -> Tran
     slot = _check_slot(bank, slot)
     if not isinstance(pack, RefinedPack):
         raise TypeError(f"pack must be a RefinedPack, got {type(pack).__name__}")
-    view = _HostBank.read(bank)
-    return view.proposal(_birth(view, slot, pack), 0.0)
+    view = HostView.read(bank)
+    return _proposal(view, _birth(view, slot, pack), 0.0)
 
 
-def _birth(view: _HostBank, slot: int, pack: RefinedPack) -> _Transition:
+def _birth(view: HostView, slot: int, pack: RefinedPack) -> _Transition:
     if bool(view.host["active"][slot]):
         raise ValueError(f"birth requires an allocated inactive slot; slot {slot} is active")
     if pack.weight != 0 or pack.order > view.max_order:
@@ -394,7 +355,7 @@ def _birth(view: _HostBank, slot: int, pack: RefinedPack) -> _Transition:
         SlotUpdate("orders", slot, pack.order),
         SlotUpdate("ages", slot, pack.age),
         SlotUpdate("active", slot, 1),
-        SlotUpdate("modes", slot, 0),
+        SlotUpdate("modes", slot, SlotMode.ORDINARY),
         SlotUpdate("rho", slot, 0),
         SlotUpdate("odd_moments", slot, 0),
         SlotUpdate("directions", slot, 0),
@@ -404,133 +365,6 @@ def _birth(view: _HostBank, slot: int, pack: RefinedPack) -> _Transition:
     return _Transition(
         (slot,),
         updates,
-        "zero_output_birth",
+        TransitionKind.ZERO_OUTPUT_BIRTH,
         "exact_zero_output_with_full_slot_state_initialization",
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Verification: a proposal of a built-in kind must carry exactly its rule's updates
-
-
-def _recorded(proposal: TransitionProposal, name: str, slot: int) -> Any:
-    """The one value `proposal` writes to `name[slot]` (these fields parametrise a rule)."""
-    values = [u.value for u in proposal.updates if u.name == name and u.index == slot]
-    if len(values) != 1:
-        raise ValueError(f"it must write {name}[{slot}] exactly once")
-    return values[0]
-
-
-def _count(slots: tuple[int, ...], expected: int, kind: str) -> None:
-    if len(slots) != expected:
-        raise ValueError(f"a {kind!r} proposal names {expected} slot(s), this one {len(slots)}")
-
-
-def _pair_rule(view: _HostBank, slots: tuple[int, ...], proposal: TransitionProposal) -> Any:
-    _count(slots, 2, proposal.kind)
-    return _pair(view, *slots)
-
-
-def _cluster_rule(view: _HostBank, slots: tuple[int, ...], proposal: TransitionProposal) -> Any:
-    if not slots:
-        raise ValueError("a 'cluster_to_moments' proposal names at least one slot")
-    recorded = _recorded(proposal, "orders", slots[0])
-    if isinstance(recorded, float) and recorded.is_integer():
-        recorded = int(recorded)  # an order written as 2.0 is still order 2
-    order = _position(recorded, "its order", "an integer")
-    if not 0 <= order <= view.max_order:
-        raise ValueError(f"its order {order} is outside 0..{view.max_order}")
-    return _cluster(view, slots, order)
-
-
-def _derivative_rule(view: _HostBank, slots: tuple[int, ...], proposal: TransitionProposal) -> Any:
-    _count(slots, 1, proposal.kind)
-    return _derivative(view, slots[0])
-
-
-def _remove_zero_rule(view: _HostBank, slots: tuple[int, ...], proposal: TransitionProposal) -> Any:
-    _count(slots, 1, proposal.kind)
-    return _remove_zero(view, slots[0])
-
-
-def _birth_rule(view: _HostBank, slots: tuple[int, ...], proposal: TransitionProposal) -> Any:
-    # The pack (centre, scale, order, age) is the proposal's free choice; every other value
-    # of the row is fixed by the rule.
-    _count(slots, 1, proposal.kind)
-    slot = slots[0]
-    fields: dict[str, Any] = {
-        name: _recorded(proposal, name, slot) for name in ("centers", "scales", "orders", "ages")
-    }
-    if any(isinstance(value, tuple) for value in fields.values()):
-        raise ValueError("its centre, scale, order and age must be numbers")
-    pack = RefinedPack(fields["orders"], fields["centers"], 0.0, fields["scales"], fields["ages"])
-    return _birth(view, slot, pack)
-
-
-_RULES: dict[str, Callable[[_HostBank, tuple[int, ...], TransitionProposal], _Transition]] = {
-    "centered_pair": _pair_rule,
-    "duplicate_merge": _pair_rule,
-    "cluster_to_moments": _cluster_rule,
-    "pair_to_derivative": _derivative_rule,
-    "remove_zero": _remove_zero_rule,
-    "zero_output_birth": _birth_rule,
-}
-"""The built-in kinds and how to recompute a proposal of each from its bank."""
-
-
-def _same_number(a: float | int, b: float | int) -> bool:
-    # Exact comparison that tells -0.0 from 0.0 but not 1 from 1.0 (JSON keeps either).
-    if Fraction(a) != Fraction(b):
-        return False
-    return a != 0 or math.copysign(1.0, a) == math.copysign(1.0, b)
-
-
-def _same_update(a: SlotUpdate, b: SlotUpdate) -> bool:
-    if (a.name, a.index) != (b.name, b.index):
-        return False
-    left = a.value if isinstance(a.value, tuple) else (a.value,)
-    right = b.value if isinstance(b.value, tuple) else (b.value,)
-    if isinstance(a.value, tuple) != isinstance(b.value, tuple) or len(left) != len(right):
-        return False
-    return all(_same_number(x, y) for x, y in zip(left, right, strict=True))
-
-
-def _check_implied_updates(
-    view: _HostBank, proposal: TransitionProposal, slots: tuple[int, ...]
-) -> None:
-    """Refuse a built-in-kind proposal whose updates are not exactly its rule's for `view`.
-
-    The rule is recomputed from the bank the proposal is bound to, so neither an edited value
-    nor a relabelled kind can slip through. Kinds without a rule are left to the caller's
-    acceptance callback (`within_error_budget` refuses them); their updates still pass the
-    structural and range checks of `commit_transition`.
-
-    **Arguments:**
-
-    - `view`: the host copy of the bank.
-    - `proposal`: the proposal.
-    - `slots`: the positions of `proposal.slot_ids` in `view`.
-
-    Raises `ValueError` naming the kind when the rule does not apply or gives other updates.
-    """
-    rule = _RULES.get(proposal.kind)
-    if rule is None:
-        return
-    try:
-        expected = rule(view, slots, proposal)
-    except (ValueError, TypeError) as error:
-        raise ValueError(
-            f"tampered or inconsistent {proposal.kind!r} proposal for slot ids "
-            f"{proposal.slot_ids}: {error}"
-        ) from None
-    if (
-        expected.kind != proposal.kind
-        or expected.slots != slots
-        or len(expected.updates) != len(proposal.updates)
-        or not all(map(_same_update, expected.updates, proposal.updates))
-    ):
-        raise ValueError(
-            f"tampered or inconsistent {proposal.kind!r} proposal for slot ids "
-            f"{proposal.slot_ids}: its updates are not the ones the {expected.kind!r} rule "
-            "gives for the bank it is bound to; propose again"
-        )

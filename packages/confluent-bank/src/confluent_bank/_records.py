@@ -1,14 +1,51 @@
-"""Host records: the description of one atom and JSON-portable transition proposals."""
+"""Host records: slot modes and transition kinds, one atom's description and JSON-portable
+transition proposals."""
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import math
 import numbers
+import operator
 from typing import Any
 
+import numpy as np
+
 _PROPOSAL_SCHEMA_VERSION = 1
+
+
+class SlotMode(enum.IntEnum):
+    """What a slot of a bank holds: the values of the `modes` block.
+
+    An `IntEnum`, so `bank.modes == SlotMode.PAIR` works on arrays and the stored integers
+    (and hence checkpoints) are the plain values 0, 1 and 2.
+    """
+
+    ORDINARY = 0
+    """An ordinary atom `w · s^n · σ^(n)(s(z − c))` of order `n = orders[i]`."""
+    PAIR = 1
+    """A centred pair (collision slot) with spread `ρ`, `m0 = weights`, `m1 = odd_moments`."""
+    MOMENTS = 2
+    """A truncated moment expansion with the row `moment_coefficients[i, :orders[i] + 1]`."""
+
+
+class TransitionKind(enum.StrEnum):
+    """The built-in transition kinds: the `kind` of the proposals the `propose_*` rules make.
+
+    A `StrEnum`, so `proposal.kind == "centered_pair"` and
+    `proposal.kind == TransitionKind.CENTERED_PAIR` both hold; proposals store the plain string,
+    and any other string is a custom kind (checked for structure only, judged by the caller's
+    acceptance callback).
+    """
+
+    CENTERED_PAIR = "centered_pair"
+    DUPLICATE_MERGE = "duplicate_merge"
+    CLUSTER_TO_MOMENTS = "cluster_to_moments"
+    PAIR_TO_DERIVATIVE = "pair_to_derivative"
+    REMOVE_ZERO = "remove_zero"
+    ZERO_OUTPUT_BIRTH = "zero_output_birth"
 
 
 def _as_int(value: Any, what: str) -> int:
@@ -20,6 +57,17 @@ def _as_int(value: Any, what: str) -> int:
                 return int(as_float)
         raise TypeError(f"{what} must be an integer, got {value!r}")
     return int(value)
+
+
+def as_index(value: Any, argument: str, what: str = "an integer") -> int:
+    """`value` as a Python int when it is an integer type (not a bool, not a float holding an
+    integer); `TypeError` "`argument` must be `what`, got ..." otherwise."""
+    if isinstance(value, bool | np.bool_):
+        raise TypeError(f"{argument} must be {what}, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{argument} must be {what}, got {value!r}") from None
 
 
 def _as_float(value: Any, what: str) -> float:
@@ -138,7 +186,8 @@ class TransitionProposal:
     - `source_version`: that bank's `transition_version`.
     - `slot_ids`: stable ids of the affected slots (distinct).
     - `updates`: the `SlotUpdate`s to apply, in order.
-    - `kind`: e.g. `"centered_pair"`, `"cluster_to_moments"`, `"pair_to_derivative"`.
+    - `kind`: a `TransitionKind` (e.g. `"centered_pair"`, `"cluster_to_moments"`) or any other
+      string for a custom kind; stored as a plain `str`.
     - `coordinate_identity`: why the change is exact, or what must bound its error.
     - `error_budget`: the declared, finite, non-negative tolerance (default 0).
     - `schema_version`: must be 1.
@@ -178,6 +227,8 @@ class TransitionProposal:
             raise ValueError(f"unsupported proposal schema_version {schema}; expected 1")
         if len(set(slot_ids)) != len(slot_ids):
             raise ValueError(f"proposal slot_ids must be distinct, got {slot_ids}")
+        # A plain str: JSON, equality and error messages read the same for enum and string kinds.
+        object.__setattr__(self, "kind", str(self.kind))
         object.__setattr__(self, "source_version", version)
         object.__setattr__(self, "schema_version", schema)
         object.__setattr__(self, "error_budget", budget)

@@ -18,7 +18,7 @@ The adapters walk the optax state (chains, `inject_hyperparams`, `masked`,
 (`mu`, `nu`, `trace`, ...). Inside each moment tree they find the node shaped like the bank:
 the `bank.parameters` dict or a `ConfluentPackBank` (full, or filtered with `None` leaves),
 at the root or nested anywhere in a larger model pytree. At a commit its rows are carried
-through the transition's change of coordinates (`confluent_bank._carry`: first moments
+through the transition's change of coordinates (a `TransitionCarry`: first moments
 exactly through the Jacobian, second moments by a bound) and the warm-up counters of fresh
 coordinates restart; both transports permute the rows and sign-flip the relabelled
 `weights`/`scales` rows of odd moments (`mu`, `trace`; never `nu`). Step counts,
@@ -32,16 +32,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
-import jax.numpy as jnp
 import optax
 
 from confluent_bank._bank import ConfluentPackBank
-from confluent_bank._carry import TransitionCarry, apply_carry
+from confluent_bank._carry import TransitionCarry
 from confluent_bank._host import PARAMETER_NAMES, STATE_NAMES
-from confluent_bank._transport import SIGN_BLOCKS, _gather_rows, _negate_rows, _zero_rows
+from confluent_bank._optimizer_state import apply_carry, transport_rows, zero_rows
+from confluent_bank._row_warmup import RowWarmupState, row_warmup
 
 __all__ = [
     "KNOWN_STATE_PARITIES",
@@ -50,70 +50,6 @@ __all__ = [
     "row_warmup",
     "transport_adapter",
 ]
-
-
-class RowWarmupState(NamedTuple):
-    """The state of `row_warmup`: the wrapped optimizer's state and the warm-up counters.
-
-    **Fields:**
-
-    - `inner_state`: the wrapped optimizer's state.
-    - `ramp`: a pytree shaped like the params; each int32 entry counts the updates since
-      that coordinate was (re)started, capped at `steps` (a coordinate at `steps` is warm).
-    """
-
-    inner_state: Any
-    ramp: Any
-
-
-def row_warmup(
-    optimizer: optax.GradientTransformation, *, steps: int
-) -> optax.GradientTransformationExtraArgs:
-    """Wrap `optimizer` so that restarted coordinates ramp their updates in from 0 to full.
-
-    Each coordinate has a counter `r`; the `k`-th update after a restart is multiplied by
-    `min(k, steps) / steps`, a linear learning-rate warm-up applied per coordinate. At
-    `init` every coordinate is warm (the first updates of a fresh run are not scaled). The
-    adapters of this module restart the counters of a commit's fresh coordinates (a birth's
-    slot, a pair's `directions`; with `commit_adapter(transport=False)` every affected row).
-
-    **Choosing `steps`.** An adaptive optimizer (Adam and relatives) moves a coordinate with
-    fresh moments by about the learning rate `η` per update whatever its gradient, so a
-    newborn weight oscillates around its optimum with amplitude `~η·k/steps` after `k`
-    updates. For the loss to stay near its current value `L` that amplitude must stay below
-    the weight the residual can use, `~√(L / E[σ²])`; with `k` the horizon you want quiet,
-    `steps ≳ k·η / √(L / E[σ²])` (e.g. `η = 0.03`, `L = 2·10⁻⁵`, 50 quiet steps: about 200).
-    Plain SGD with momentum scales its step with the (small) gradient and needs little
-    warm-up; a few tens of steps, about `1/(1 − momentum)`, fill its momentum.
-
-    **Arguments:**
-
-    - `optimizer`: any optax `GradientTransformation`.
-    - `steps`: ramp length, a positive integer.
-
-    **Returns:** an optax `GradientTransformationExtraArgs` with state `RowWarmupState`.
-
-    **Raises:** `ValueError` for a non-positive `steps`; `TypeError` for a non-integer one.
-    """
-    if isinstance(steps, bool) or not isinstance(steps, int):
-        raise TypeError(f"row_warmup steps must be an integer, got {steps!r}")
-    if steps < 1:
-        raise ValueError(f"row_warmup steps must be >= 1, got {steps}")
-    inner = optax.with_extra_args_support(optimizer)
-
-    def init(params: Any) -> RowWarmupState:
-        ramp = jax.tree.map(lambda p: jnp.full(jnp.shape(p), steps, jnp.int32), params)
-        return RowWarmupState(inner.init(params), ramp)
-
-    def update(
-        updates: Any, state: RowWarmupState, params: Any = None, **extra_args: Any
-    ) -> tuple[Any, RowWarmupState]:
-        updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
-        ramp = jax.tree.map(lambda r: jnp.minimum(r + 1, steps), state.ramp)
-        scaled = jax.tree.map(lambda u, r: u * (r / steps).astype(u.dtype), updates, ramp)
-        return scaled, RowWarmupState(inner_state, ramp)
-
-    return optax.GradientTransformationExtraArgs(init, update)
 
 
 # Field roles: "odd"/"even" moment trees (linear / quadratic statistics of the gradient),
@@ -310,7 +246,7 @@ class _ResetAdapter:
 
         def reset(arrays: dict[str, Any], parity: str) -> dict[str, Any]:
             del parity  # a fresh slot forgets every statistic (warm-up counters restart)
-            return _zero_rows(arrays, tuple(slots), size)
+            return zero_rows(arrays, tuple(slots), size)
 
         return _Walk(bank, reset, self.path, self.parities).run(state)
 
@@ -339,11 +275,7 @@ class _TransportAdapter:
         size = bank.max_packs
 
         def transport(arrays: dict[str, Any], parity: str) -> dict[str, Any]:
-            moved = _gather_rows(arrays, permutation)
-            flip = {name: moved[name] for name in SIGN_BLOCKS if name in moved}
-            if parity == "odd" and sign_slots and flip:
-                moved = {**moved, **_negate_rows(flip, sign_slots, size)}
-            return moved
+            return transport_rows(arrays, permutation, sign_slots, size, flip=parity == "odd")
 
         return _Walk(bank, transport, self.path, self.parities).run(state)
 
@@ -364,8 +296,8 @@ def commit_adapter(
 
     By default a `TransitionStateAdapter`: `commit_transition` hands it the proposal's
     `TransitionCarry`, and it carries every moment tree (`mu`, `nu`, `trace`, ...) of the
-    bank-shaped node through the transition's change of coordinates (see
-    `confluent_bank._carry`): odd moments exactly through the Jacobian, even ones by the
+    bank-shaped node through the transition's change of coordinates (see `TransitionCarry`):
+    odd moments exactly through the Jacobian, even ones by the
     Cauchy–Schwarz bound; fresh coordinates (a birth's slot, a pair's `directions`) start at
     zero and their `row_warmup` counters restart. Step counts and everything else are kept.
     Called directly as `adapter(state, bank, slots)` (without a carry), or with
