@@ -7,8 +7,6 @@ import pytest
 
 import hybrid_kernels as hk
 
-jax.config.update("jax_enable_x64", True)
-
 
 def exp(exp_id="e", channels=None, covariates=None, y0=(1.0, 0.0), t0=None):
     channels = channels or {"a": hk.ChannelObs([0.0, 1.0, 2.0], [1.0, 2.0, 3.0])}

@@ -7,19 +7,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_kernels._data import ChannelObs, make_dataset, make_experiment
-from hybrid_kernels._kernels import build_bucket_step
-from hybrid_kernels._losses import masked_mse
-from hybrid_kernels._prediction import (
+from hybrid_kernels import (
+    ChannelObs,
+    SolverConfig,
+    build_bucket_step,
     compute_metrics,
     ensemble_predictions,
+    make_dataset,
+    make_experiment,
+    masked_mse,
     predict_bucket,
     predict_dataset,
     predict_dense,
 )
-from hybrid_kernels._solver import SolverConfig
-
-jax.config.update("jax_enable_x64", True)
 
 SOLVER = SolverConfig(diffrax.Tsit5(), rtol=1e-9, atol=1e-11, max_steps=1000, dt0=0.01)
 TRUE_K = 0.7

@@ -4,11 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import Rate, decay_simulate, identity_output, tiny_solver
 
 import hybrid_kernels as hk
-from conftest import Rate, decay_simulate, identity_output, tiny_solver
-
-jax.config.update("jax_enable_x64", True)
 
 # Few steps: a healthy row needs about 20, an exploding one never finishes.
 SOLVER = tiny_solver(throw=False, max_steps=64)

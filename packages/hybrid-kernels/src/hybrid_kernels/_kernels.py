@@ -25,6 +25,7 @@ import jax.tree_util as jtu
 from jaxtyping import Array, Float
 
 from hybrid_kernels import _preflight as pf
+from hybrid_kernels._cells import scored_rows
 from hybrid_kernels._data import BucketPayload
 from hybrid_kernels._dispatch import (
     _BucketKernel,
@@ -34,37 +35,9 @@ from hybrid_kernels._dispatch import (
     _strong,
     _strong_flat,
 )
-from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._errors import no_host_callbacks
 from hybrid_kernels._inputs import row_signals
 from hybrid_kernels._solver import SolverConfig, row_context
-
-__all__ = [
-    "apply_length_mask",
-    "build_apply_update",
-    "build_bucket_step",
-    "build_penalty_step",
-    "build_score_bucket",
-    "length_cutoff",
-    "predict_bucket_obs",
-]
-
-
-def length_cutoff(lengths: Any, fraction: Any) -> Array:
-    """`max(ceil(length * fraction), 1)` as int32, computed in jax's default float dtype.
-
-    Under x64 this is float64 arithmetic (the peer always rounded through float32, which moves
-    the cutoff of long series). Host code that must agree with the kernels (penalty points,
-    reduction denominators) should call this same function.
-
-    **Arguments:**
-
-    - `lengths`: union lengths, a scalar or an array (e.g. `bp.row_lengths`).
-    - `fraction`: the length-mask fraction in (0, 1].
-    """
-    dt = default_float()
-    raw = jnp.ceil(jnp.asarray(lengths).astype(dt) * jnp.asarray(fraction, dtype=dt))
-    return jnp.maximum(raw.astype(jnp.int32), 1)
 
 
 def apply_length_mask(bp: BucketPayload, length_mask_fraction: Array) -> BucketPayload:
@@ -72,7 +45,7 @@ def apply_length_mask(bp: BucketPayload, length_mask_fraction: Array) -> BucketP
 
     Only the loss is masked: the solver still integrates the whole trajectory. The cutoff is
     `max(ceil(L * fraction), 1)` union rows, where `L` is the row's own union length
-    (`bp.row_lengths`; `T` when absent), so a padded bucket scores exactly the cells an unpadded
+    (`bp.row_lengths`), so a padded bucket scores exactly the cells an unpadded
     one would. The clamp at 1 keeps a tiny fraction from silently scoring nothing. `n_obs` is
     recomputed from the new mask. The fraction stays traced: changing it never recompiles.
 
@@ -83,10 +56,7 @@ def apply_length_mask(bp: BucketPayload, length_mask_fraction: Array) -> BucketP
 
     **Returns:** the bucket with `mask` and `n_obs` narrowed.
     """
-    N, T = bp.ts.shape
-    lengths = jnp.full((N,), T, jnp.int32) if bp.row_lengths is None else bp.row_lengths
-    cutoff = length_cutoff(lengths, length_mask_fraction)  # [N]
-    keep = jnp.arange(T)[None, :] < cutoff[:, None]  # [N, T]
+    keep = scored_rows(bp.row_lengths, bp.ts.shape[1], length_mask_fraction)  # [N, T]
     mask = bp.mask & keep[:, :, None]
     return bp._replace(mask=mask, n_obs=mask.sum().astype(bp.n_obs.dtype))
 

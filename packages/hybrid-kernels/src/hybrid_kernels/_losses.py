@@ -20,15 +20,6 @@ from typing import Any
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-__all__ = [
-    "LOSS_REGISTRY",
-    "bal_mle",
-    "bal_mse",
-    "masked_mle",
-    "masked_mse",
-    "resolve_loss_fn",
-]
-
 _LOG_2PI = math.log(2.0 * math.pi)
 _MIN_VAR = 1e-12
 

@@ -16,10 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from hybrid_kernels._data import ChannelObs, Dataset, Experiment, make_experiment
+from hybrid_kernels._data import Dataset
+from hybrid_kernels._experiments import ChannelObs, Experiment, make_experiment
 from hybrid_kernels._inputs import INPUT_KINDS, piecewise_constant, piecewise_linear
-
-__all__ = ["experiments_from_table", "metrics_table", "predictions_table"]
 
 _WHERE = "experiments_from_table"
 

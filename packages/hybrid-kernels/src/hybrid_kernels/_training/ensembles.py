@@ -18,9 +18,9 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from hybrid_kernels._data import make_bootstrap_dataset
 from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._reductions import bucket_weights
+from hybrid_kernels._splits import make_bootstrap_dataset
 from hybrid_kernels._training._engine import get_engine, strong
 from hybrid_kernels._training.config import OptaxTrainingConfig
 from hybrid_kernels._training.reinit import fold_key
