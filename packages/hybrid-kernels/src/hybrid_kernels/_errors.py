@@ -15,12 +15,12 @@ Why a patch and not a public route: equinox reads `EQX_ON_ERROR` once, when it i
 (`equinox._config`), and its public `error_if` no longer documents an `on_error` argument;
 diffrax's checks call it with the default. So there is no public way to choose "nan" for one
 trace and "raise" for the rest of the process. This module is the only place that touches
-equinox internals (`equinox._errors.branched_error_if_impl_jit`, in every equinox 0.13 release,
-which is what installs with jax 0.7.2 and with jax 0.10.2); `tests/test_errors.py` pins the
-behaviour and runs on both ends of the jax range, and `host_callbacks_patchable()` reports whether it
-engaged. If a future equinox moves the internal, kernels keep their callbacks (correct, but
-uncacheable) and setting `EQX_ON_ERROR=nan` before importing equinox is the process-wide
-fallback.
+equinox internals (`equinox._errors.branched_error_if_impl_jit`, in every equinox 0.13
+release, which is what installs with jax 0.7.2 and with jax 0.10.2); `tests/test_errors.py`
+pins the behaviour and runs on both ends of the jax range, and `host_callbacks_patchable()`
+reports whether it engaged. If a future equinox moves the internal, kernels keep their
+callbacks (correct, but uncacheable) and setting `EQX_ON_ERROR=nan` before importing equinox
+is the process-wide fallback.
 """
 
 from __future__ import annotations
