@@ -248,6 +248,19 @@ def _apply_update(optimizer, trainable, predictors, grads, opt_state):
     return eqx.apply_updates(predictors, updates), opt_state
 
 
+def _build(where, jitted, trainable, spec, tp_weight, return_status) -> _BucketKernel:
+    """Check a bucket kernel's build arguments and wrap its jitted body.
+
+    `spec` is `(simulate_fn, state_to_output, solver, loss_fn, trajectory_penalty_fn)`;
+    `trainable=None` builds a forward-only kernel.
+    """
+    _check_build(f"build_{where}", *spec[:4])
+    _check_tp(spec[4], tp_weight)
+    objective = _Objective(*spec)
+    status = return_status
+    return _BucketKernel(jitted, objective, trainable, tp_weight, status, where, _score_bucket)
+
+
 def build_bucket_step(
     simulate_fn: Callable[..., Array],
     state_to_output: Callable[[Array], Array],
@@ -291,19 +304,9 @@ def build_bucket_step(
     diffrax's `stats` of the solve the loss already made (-1 where `simulate_fn` did not
     solve through `solver.diffeqsolve`). Reading it is the caller's choice of host sync.
     """
-    _check_build("build_bucket_step", simulate_fn, state_to_output, solver, loss_fn)
-    _check_tp(trajectory_penalty_fn, trajectory_penalty_weight)
-    objective = _Objective(simulate_fn, state_to_output, solver, loss_fn, trajectory_penalty_fn)
-
-    return _BucketKernel(  # type: ignore[return-value]
-        _bucket_step,
-        objective,
-        trainable,
-        trajectory_penalty_weight,
-        return_status,
-        "bucket_step",
-        _score_bucket,
-    )
+    spec = (simulate_fn, state_to_output, solver, loss_fn, trajectory_penalty_fn)
+    weight = trajectory_penalty_weight
+    return _build("bucket_step", _bucket_step, trainable, spec, weight, return_status)  # type: ignore[return-value]
 
 
 def build_score_bucket(
@@ -323,19 +326,9 @@ def build_score_bucket(
     Arguments as there; `score_bucket` also takes an optional `trajectory_penalty_weight`
     override, and returns `(loss, failed)` with `return_status=True`.
     """
-    _check_build("build_score_bucket", simulate_fn, state_to_output, solver, loss_fn)
-    _check_tp(trajectory_penalty_fn, trajectory_penalty_weight)
-    objective = _Objective(simulate_fn, state_to_output, solver, loss_fn, trajectory_penalty_fn)
-
-    return _BucketKernel(  # type: ignore[return-value]
-        _score_bucket,
-        objective,
-        None,
-        trajectory_penalty_weight,
-        return_status,
-        "score_bucket",
-        _score_bucket,
-    )
+    spec = (simulate_fn, state_to_output, solver, loss_fn, trajectory_penalty_fn)
+    weight = trajectory_penalty_weight
+    return _build("score_bucket", _score_bucket, None, spec, weight, return_status)  # type: ignore[return-value]
 
 
 def build_penalty_step(

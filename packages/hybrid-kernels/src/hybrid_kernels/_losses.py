@@ -154,8 +154,8 @@ def resolve_loss_fn(
 
     **Arguments:**
 
-    - `loss`: a [`hybrid_kernels.LOSS_REGISTRY`][] name (case and whitespace ignored) or a
-        callable `(pred_obs, bp) -> scalar`.
+    - `loss`: a built-in loss by name, `"mse"`, `"mle"`, `"bal_mse"` or `"bal_mle"` (case and
+        whitespace ignored), or a callable `(pred_obs, bp) -> scalar`.
     - `channel_idx`: output channels to keep.
     - `channel_weights`: one weight per kept channel.
 

@@ -10,7 +10,7 @@
 - Ensembles, [`annealing_schedule`][hybrid_kernels.annealing_schedule] and two plots.
 """
 
-from hybrid_kernels._training.config import OPTIMIZER_REGISTRY, OptaxTrainingConfig
+from hybrid_kernels._training.config import OptaxTrainingConfig
 from hybrid_kernels._training.ensembles import train_bootstrap_ensemble, train_seed_ensemble
 from hybrid_kernels._training.history import LossHistory, NonFiniteTrainingError
 from hybrid_kernels._training.hooks import BetweenStepsHook
@@ -34,7 +34,6 @@ from hybrid_kernels._training.ui import (
 )
 
 __all__ = [
-    "OPTIMIZER_REGISTRY",
     "BetweenStepsHook",
     "LogUI",
     "LossHistory",

@@ -28,8 +28,6 @@ from hybrid_kernels._training.tournament import run_tournament
 from hybrid_kernels._training.trainer import resolve_trainable, run_training
 from hybrid_kernels._training.ui import TrainingUI, check_ui, default_ui
 
-__all__ = ["train_bootstrap_ensemble", "train_seed_ensemble"]
-
 
 def _member_config(config: OptaxTrainingConfig, name: str) -> OptaxTrainingConfig:
     # Each member checkpoints to its own file next to the configured one.

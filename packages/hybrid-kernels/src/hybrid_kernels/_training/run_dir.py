@@ -42,8 +42,6 @@ from hybrid_kernels._training.config import OptaxTrainingConfig
 from hybrid_kernels._training.history import LossHistory
 from hybrid_kernels._training.state import TrainingState, load_training_state, save_training_state
 
-__all__ = ["SavedRun", "load_run", "save_run"]
-
 _FORMAT = "hybrid_kernels.run"
 _VERSION = 1
 _MANIFEST = "run.json"

@@ -22,8 +22,6 @@ from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._training._engine import Engine, Track, strong
 from hybrid_kernels._training.reinit import fold_key, reinitialise
 
-__all__ = ["TOURNAMENT_FAILURES", "run_tournament"]
-
 TOURNAMENT_FAILURES: tuple[type[BaseException], ...] = (
     FloatingPointError,
     jax.errors.JaxRuntimeError,

@@ -42,8 +42,6 @@ from hybrid_kernels._training.state import (
 from hybrid_kernels._training.tournament import run_tournament
 from hybrid_kernels._training.ui import TrainingUI, check_ui, default_ui
 
-__all__ = ["train_with_optax"]
-
 
 class RunResult(NamedTuple):
     history: LossHistory

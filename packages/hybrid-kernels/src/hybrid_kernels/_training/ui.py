@@ -12,8 +12,6 @@ import sys
 import time
 from typing import Any, TextIO
 
-__all__ = ["LogUI", "RecordingUI", "RichUI", "SilentUI", "TrainingUI", "default_ui"]
-
 _EVENTS = (
     "on_run_start",
     "on_compile_start",
