@@ -117,6 +117,11 @@ def test_max_shapes_must_be_a_positive_int():
         hk.make_dataset(experiments([3]), output_channel_names=["y"], max_shapes=0)
 
 
+def test_max_shapes_must_be_an_int_not_a_float():
+    with pytest.raises(TypeError, match="`max_shapes` must be an int, got 2.0"):
+        hk.make_dataset(experiments([3]), output_channel_names=["y"], max_shapes=2.0)
+
+
 def test_forty_lengths_compile_bucket_step_at_most_max_shapes_times(forty):
     _, padded = forty
     predictors = (Rate(jnp.asarray(0.3)),)

@@ -101,15 +101,6 @@ def test_throw_true_kernels_do_contain_host_callbacks(bucket):
     assert _callbacks(lambda p: step(p, bp, 1.0), START) > 0
 
 
-def test_the_no_callback_switch_does_not_leak_into_other_code():
-    def checked(x):
-        import equinox as eqx
-
-        return eqx.error_if(x, x < 0, "negative")
-
-    assert _callbacks(checked, jnp.asarray(1.0)) > 0
-
-
 def test_a_bucket_whose_every_row_fails_gives_zero_loss_and_zero_gradient(bucket, step):
     _, bp = bucket
     all_bad = bp._replace(y0=jnp.full_like(bp.y0, jnp.nan))

@@ -89,9 +89,15 @@ def test_penalty_vector_field_checks_the_physics_shape():
         vf(0.0, jnp.ones(3), None)
 
 
-@pytest.mark.parametrize("n", [0, -1, 1.5, True])
-def test_accumulator_count_must_be_a_positive_int(n):
+@pytest.mark.parametrize("n", [0, -1])
+def test_accumulator_count_must_be_at_least_one(n):
     with pytest.raises(ValueError, match="must be an int >= 1"):
+        attach_penalty_state(jnp.ones(2), n)
+
+
+@pytest.mark.parametrize("n", [1.5, True])
+def test_accumulator_count_must_be_an_int(n):
+    with pytest.raises(TypeError, match="must be an int, got"):
         attach_penalty_state(jnp.ones(2), n)
 
 
