@@ -118,7 +118,7 @@ def test_max_shapes_must_be_a_positive_int():
 
 
 def test_max_shapes_must_be_an_int_not_a_float():
-    with pytest.raises(TypeError, match="`max_shapes` must be an int, got 2.0"):
+    with pytest.raises(TypeError, match=r"`max_shapes` must be an int, got 2\.0"):
         hk.make_dataset(experiments([3]), output_channel_names=["y"], max_shapes=2.0)
 
 

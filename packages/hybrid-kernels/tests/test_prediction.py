@@ -280,5 +280,5 @@ def test_metrics_reject_mismatched_predictions(dataset, predictions):
 
 
 def test_predict_dense_needs_an_integer_point_count(dataset, predictors):
-    with pytest.raises(TypeError, match="`n_points` must be an int, got 2.5"):
+    with pytest.raises(TypeError, match=r"`n_points` must be an int, got 2\.5"):
         predict_dense(predictors, dataset, SIMULATE, state_to_output, SOLVER, n_points=2.5)
