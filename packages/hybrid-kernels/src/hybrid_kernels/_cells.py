@@ -50,7 +50,7 @@ def scored(time_index: Any, row_length: Any, fraction: Any) -> Bool[Array, ...]:
 
     **Returns:** a boolean array of the broadcast shape.
     """
-    return jnp.asarray(time_index) < length_cutoff(row_length, fraction)
+    return jnp.asarray(time_index).astype(jnp.int32) < length_cutoff(row_length, fraction)
 
 
 def scored_rows(row_lengths: Int[Any, " N"], T: int, fraction: Any) -> Bool[Array, "N T"]:
