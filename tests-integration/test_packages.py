@@ -17,7 +17,7 @@ PACKAGES = {
     "confluent_bank": ("hybrid_kernels", {"optax"}),
     "hybrid_kernels": ("confluent_bank", set()),
 }
-OPTIONAL = ("optax", "plotting")  # modules that need an optional extra
+OPTIONAL = ("optax", "_row_warmup", "plotting")  # modules that need an optional extra
 
 
 @pytest.fixture(params=sorted(PACKAGES))
