@@ -1,12 +1,9 @@
 """Adjoint consistency on the oscillator: gradients against central finite differences."""
 
 import diffrax
-import jax
 import jax.numpy as jnp
 import pytest
-
-import hybrid_kernels as hk
-from conftest import (
+from helpers import (
     Omega,
     oscillator_simulate,
     oscillator_simulate_args,
@@ -14,7 +11,7 @@ from conftest import (
     tiny_solver,
 )
 
-jax.config.update("jax_enable_x64", True)
+import hybrid_kernels as hk
 
 OMEGA0 = 1.1  # start away from the truth (1.3) so the gradient is clearly non-zero
 H = 1e-5

@@ -12,8 +12,6 @@ import pytest
 import hybrid_kernels as hk
 from hybrid_kernels import _atomic
 
-jax.config.update("jax_enable_x64", True)
-
 N = 50_000  # large enough that concurrent writes overlap
 
 

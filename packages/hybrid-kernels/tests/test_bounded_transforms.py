@@ -5,11 +5,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _train_models import Affine, rate_dataset, rate_train
+from helpers import Affine, rate_dataset, rate_train
 
 import hybrid_kernels as hk
-
-jax.config.update("jax_enable_x64", True)
 
 TRANSFORMS = ("sigmoid", "algebraic")
 WARPS = ("linear", "log")

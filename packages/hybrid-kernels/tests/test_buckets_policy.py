@@ -2,16 +2,13 @@
 
 import itertools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import Rate, tiny_solver
 
 import hybrid_kernels as hk
-from conftest import Rate, tiny_solver
 from hybrid_kernels._bucketing import choose_bins
-
-jax.config.update("jax_enable_x64", True)
 
 TRACES = {"n": 0}
 
@@ -116,8 +113,13 @@ def test_padded_policy_keeps_input_order_inside_a_bin():
 
 
 def test_max_shapes_must_be_a_positive_int():
-    with pytest.raises(ValueError, match="`max_shapes` must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="`max_shapes` must be an int >= 1, got 0"):
         hk.make_dataset(experiments([3]), output_channel_names=["y"], max_shapes=0)
+
+
+def test_max_shapes_must_be_an_int_not_a_float():
+    with pytest.raises(TypeError, match=r"`max_shapes` must be an int, got 2\.0"):
+        hk.make_dataset(experiments([3]), output_channel_names=["y"], max_shapes=2.0)
 
 
 def test_forty_lengths_compile_bucket_step_at_most_max_shapes_times(forty):
@@ -198,5 +200,5 @@ def test_default_policy_never_exceeds_four_shapes():
 
 
 def test_planned_steps_must_be_a_positive_int():
-    with pytest.raises(ValueError, match="`planned_steps` must be None or a positive int"):
+    with pytest.raises(ValueError, match="`planned_steps` must be an int"):
         hk.make_dataset(experiments([3]), output_channel_names=["y"], planned_steps=0)

@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent(
 
     import jax.numpy as jnp
     import hybrid_kernels as hk
-    from conftest import Rate, decay_simulate, identity_output, tiny_solver
+    from helpers import Rate, decay_simulate, identity_output, tiny_solver
     import numpy as np
 
     exps = [

@@ -7,8 +7,6 @@ import pytest
 
 import hybrid_kernels as hk
 
-jax.config.update("jax_enable_x64", True)
-
 
 def exp(exp_id="e", channels=None, covariates=None, y0=(1.0, 0.0), t0=None):
     channels = channels or {"a": hk.ChannelObs([0.0, 1.0, 2.0], [1.0, 2.0, 3.0])}
@@ -203,6 +201,24 @@ def test_payload_fields_come_in_the_seed_order_then_ours():
         "inputs",
         "jump_ts",
     )
+
+
+def test_payload_per_row_fields_are_required():
+    seed_fields = dict(
+        ts=jnp.zeros((1, 2)),
+        y_observed=jnp.zeros((1, 2, 1)),
+        yvar=jnp.ones((1, 2, 1)),
+        mask=jnp.ones((1, 2, 1), bool),
+        covariates={},
+        y0=jnp.zeros((1, 1)),
+        n_obs=jnp.asarray(2, jnp.int32),
+    )
+    with pytest.raises(TypeError, match="row_weights"):
+        hk.BucketPayload(**seed_fields)
+    bp = hk.BucketPayload(
+        **seed_fields, row_weights=jnp.ones((1,)), row_lengths=jnp.full((1,), 2, jnp.int32)
+    )
+    assert bp.inputs is None and bp.jump_ts is None
 
 
 def test_payload_shapes_and_dtypes(two_channel):

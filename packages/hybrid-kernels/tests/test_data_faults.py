@@ -1,12 +1,9 @@
 """Bad data is refused with an error naming the experiment and the field, never stored silently."""
 
-import jax
 import numpy as np
 import pytest
 
 import hybrid_kernels as hk
-
-jax.config.update("jax_enable_x64", True)
 
 
 def exp(exp_id="e1", channels=None, covariates=None, y0=(1.0,)):

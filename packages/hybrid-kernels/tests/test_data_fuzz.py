@@ -9,15 +9,12 @@ and every accepted dataset must hold exactly its observations, all finite, varia
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hybrid_kernels as hk
-
-jax.config.update("jax_enable_x64", True)
 
 CHANNEL_ARGS = ("ts", "values", "variance")
 

@@ -12,11 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import Rate, tiny_solver
 
 import hybrid_kernels as hk
-from conftest import Rate, tiny_solver
-
-jax.config.update("jax_enable_x64", True)
 
 
 def experiments(n=2, L=5):
@@ -124,7 +122,7 @@ SCRIPT = textwrap.dedent(
     import jax.numpy as jnp
     import numpy as np
     import hybrid_kernels as hk
-    from conftest import Rate, decay_simulate, identity_output, tiny_solver
+    from helpers import Rate, decay_simulate, identity_output, tiny_solver
 
     TS = np.linspace(0, 2, 6)
     exps = [

@@ -22,8 +22,6 @@ import hybrid_kernels as hk
 import hybrid_kernels._serialise as serialise
 from hybrid_kernels._training import state as state_module
 
-jax.config.update("jax_enable_x64", True)
-
 FUZZ = settings(
     max_examples=80,
     deadline=None,

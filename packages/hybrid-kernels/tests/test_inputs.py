@@ -9,8 +9,6 @@ import pytest
 import hybrid_kernels as hk
 from hybrid_kernels._kernels import _simulate_with_steps
 
-jax.config.update("jax_enable_x64", True)
-
 SWITCHES = ([0.0, 1.3, 2.7], [0.0, 0.55])  # ragged feed logs: padded and masked per bucket
 RATES = ([1.0, 3.0, 0.5], [2.0, -1.0])
 TS = np.linspace(0.0, 4.0, 9)

@@ -6,11 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import Rate, decay_simulate, identity_output
 
 import hybrid_kernels as hk
-from conftest import Rate, decay_simulate, identity_output
-
-jax.config.update("jax_enable_x64", True)
 
 K_TRUE, K_START = 0.7, 0.5
 

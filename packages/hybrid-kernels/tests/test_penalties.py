@@ -8,19 +8,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_kernels._bounded import BoundedPredictor, BoundScaler
-from hybrid_kernels._data import ChannelObs, make_dataset, make_experiment
-from hybrid_kernels._kernels import apply_length_mask
-from hybrid_kernels._penalties import (
+from hybrid_kernels import (
+    BoundedPredictor,
+    BoundScaler,
+    ChannelObs,
+    apply_length_mask,
     bound_penalty,
     box_grid,
     data_penalty_points,
-    length_mask_keep,
+    make_dataset,
+    make_experiment,
     select_penalty_points,
     validate_penalty_points,
 )
-
-jax.config.update("jax_enable_x64", True)
 
 
 def _mlp(n_in, n_out, seed=0):
@@ -220,9 +220,9 @@ def test_box_grid_shape_and_log_uniform_axes():
 def test_box_grid_is_deterministic_and_validates_n_per_dim():
     scaler = BoundScaler([(0.0, 1.0)])
     np.testing.assert_array_equal(box_grid(scaler, 3), box_grid(scaler, 3))
-    with pytest.raises(ValueError, match="n_per_dim must be at least 2"):
+    with pytest.raises(ValueError, match="`n_per_dim` must be an int >= 2"):
         box_grid(scaler, 1)
-    with pytest.raises(TypeError, match="n_per_dim must be an int"):
+    with pytest.raises(TypeError, match="`n_per_dim` must be an int"):
         box_grid(scaler, 2.5)
 
 
@@ -275,14 +275,13 @@ def test_vector_covariate_feeding_a_bounded_predictor_raises():
         data_penalty_points((_bounded(keys=("vec",)),), ds)
 
 
-def test_length_mask_keep_takes_each_rows_prefix(dataset):
-    (source,) = data_penalty_points((_bounded(keys=("temp",)),), dataset)
-    keep = length_mask_keep(source, 0.5)
-    # Row of length 4 keeps rows 0-1; row of length 6 keeps rows 0-2.
-    kept = sorted(zip(source.cell_T[keep].tolist(), source.cell_ts[keep].tolist(), strict=True))
-    assert kept == [(4, 0), (4, 1), (6, 0), (6, 1), (6, 2)]
-    tiny = length_mask_keep(source, 0.05)
-    assert set(source.cell_ts[tiny].tolist()) == {0} and tiny.sum() == 2
+def test_selected_data_points_take_each_rows_own_prefix(dataset):
+    # Experiment "a" (temp 1) has length 4, "b" (temp 2) length 6, padded to one T = 6.
+    sources = data_penalty_points((_bounded(keys=("temp",)),), dataset)
+    (half,) = select_penalty_points(sources, (), 0.5)
+    assert sorted(np.asarray(half)[:, 0].tolist()) == [1.0] * 2 + [2.0] * 3
+    (tiny,) = select_penalty_points(sources, (), 0.05)
+    assert sorted(np.asarray(tiny)[:, 0].tolist()) == [1.0, 2.0]  # at least one row each
 
 
 def test_select_penalty_points_concatenates_kept_data_and_extras(dataset):
@@ -342,9 +341,10 @@ def test_validate_penalty_points_checks_the_source_count(dataset):
 
 
 @pytest.mark.parametrize("fraction", [0.05, 0.3, 0.5, 0.7, 1.0])
-def test_length_mask_keep_matches_apply_length_mask_cell_for_cell(dataset, fraction):
+def test_selected_data_points_are_the_cells_apply_length_mask_keeps(dataset, fraction):
     (bp,) = dataset.bucket_payloads
     (source,) = data_penalty_points((_bounded(keys=("temp",)),), dataset)
     rows, times = np.nonzero(np.asarray(bp.mask).any(axis=-1))  # the order sources use
     kept_by_kernel = np.asarray(apply_length_mask(bp, jnp.asarray(fraction)).mask.any(axis=-1))
-    np.testing.assert_array_equal(length_mask_keep(source, fraction), kept_by_kernel[rows, times])
+    (selected,) = select_penalty_points((source,), (), fraction)
+    np.testing.assert_array_equal(selected, source.points[kept_by_kernel[rows, times]])

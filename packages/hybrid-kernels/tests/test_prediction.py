@@ -7,19 +7,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_kernels._data import ChannelObs, make_dataset, make_experiment
-from hybrid_kernels._kernels import build_bucket_step
-from hybrid_kernels._losses import masked_mse
-from hybrid_kernels._prediction import (
+from hybrid_kernels import (
+    ChannelObs,
+    SolverConfig,
+    build_bucket_step,
     compute_metrics,
     ensemble_predictions,
+    make_dataset,
+    make_experiment,
+    masked_mse,
     predict_bucket,
     predict_dataset,
     predict_dense,
 )
-from hybrid_kernels._solver import SolverConfig
-
-jax.config.update("jax_enable_x64", True)
 
 SOLVER = SolverConfig(diffrax.Tsit5(), rtol=1e-9, atol=1e-11, max_steps=1000, dt0=0.01)
 TRUE_K = 0.7
@@ -206,7 +206,7 @@ def test_predict_dense_default_spans_each_rows_times(dataset, predictors):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"n_points": 1}, "n_points must be an int >= 2"),
+        ({"n_points": 1}, "`n_points` must be an int >= 2"),
         ({"ts_grid": [[0.0, 1.0]]}, "ts_grid must be a non-empty finite rank-1"),
         ({"ts_grid": [1.0, 0.0]}, "sorted"),
     ],
@@ -277,3 +277,8 @@ def test_metrics_reject_mismatched_predictions(dataset, predictions):
         compute_metrics(predictions[:1], dataset)
     with pytest.raises(ValueError, match=r"predictions\[1\] has shape"):
         compute_metrics((predictions[0], predictions[0]), dataset)
+
+
+def test_predict_dense_needs_an_integer_point_count(dataset, predictors):
+    with pytest.raises(TypeError, match=r"`n_points` must be an int, got 2\.5"):
+        predict_dense(predictors, dataset, SIMULATE, state_to_output, SOLVER, n_points=2.5)

@@ -1,14 +1,11 @@
 """Pre-flight validation: wrong shapes and bad arguments fail early, naming the bucket."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import Rate, tiny_solver
 
 import hybrid_kernels as hk
-from conftest import Rate, tiny_solver
-
-jax.config.update("jax_enable_x64", True)
 
 SOLVER = tiny_solver()
 P = (Rate(jnp.asarray(0.5)),)

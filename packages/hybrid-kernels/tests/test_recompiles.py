@@ -1,16 +1,13 @@
 """No accidental recompiles: traces of `simulate_fn` are counted, never timed."""
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import Rate, tiny_solver
 
 import hybrid_kernels as hk
-from conftest import Rate, tiny_solver
-
-jax.config.update("jax_enable_x64", True)
 
 TRACES = {"simulate": 0, "update": 0, "penalty": 0}
 SOLVER = tiny_solver()

@@ -4,11 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import Rate
 
 import hybrid_kernels as hk
-from conftest import Rate
-
-jax.config.update("jax_enable_x64", True)
 
 
 def experiment(i, L, probe=False):

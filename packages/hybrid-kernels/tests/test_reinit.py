@@ -10,8 +10,6 @@ import pytest
 
 import hybrid_kernels as hk
 
-jax.config.update("jax_enable_x64", True)
-
 
 def bounded(temperature=2.5):
     return hk.BoundedPredictor(

@@ -10,12 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import Rate, tiny_solver
 
 import hybrid_kernels as hk
-from conftest import Rate, tiny_solver
 from hybrid_kernels._training import run_dir
-
-jax.config.update("jax_enable_x64", True)
 
 
 def predictors(k=0.7):

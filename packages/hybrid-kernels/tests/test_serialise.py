@@ -12,10 +12,13 @@ import numpy as np
 import pytest
 
 import hybrid_kernels._serialise as serialise
-from hybrid_kernels._bounded import BoundedPredictor, BoundScaler
-from hybrid_kernels._serialise import load_predictors, read_predictors_metadata, save_predictors
-
-jax.config.update("jax_enable_x64", True)
+from hybrid_kernels import (
+    BoundedPredictor,
+    BoundScaler,
+    load_predictors,
+    read_predictors_metadata,
+    save_predictors,
+)
 
 
 def _model(seed=0, width=4, high=1.0, activation=jax.nn.tanh):

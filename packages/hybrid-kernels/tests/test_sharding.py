@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent(
     import numpy as np
     import hybrid_kernels as hk
     from jax.sharding import NamedSharding
-    from conftest import Rate, decay_simulate, identity_output, tiny_solver
+    from helpers import Rate, decay_simulate, identity_output, tiny_solver
 
     assert jax.device_count() == 4
     rng = np.random.default_rng(0)

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 import hybrid_kernels as hk
-
-jax.config.update("jax_enable_x64", True)
+from hybrid_kernels._solver import ADJOINT_REGISTRY, SOLVER_REGISTRY
 
 
 def config(**kw):
@@ -117,7 +116,7 @@ def test_registering_a_solver_makes_it_serialisable():
         cfg = config(solver=MyEuler())
         assert type(hk.SolverConfig.from_dict(cfg.to_dict()).solver) is MyEuler
     finally:
-        del hk.SOLVER_REGISTRY["MyEuler"]
+        del SOLVER_REGISTRY["MyEuler"]
 
 
 def test_registering_an_adjoint_makes_it_serialisable():
@@ -129,4 +128,4 @@ def test_registering_an_adjoint_makes_it_serialisable():
         back = hk.SolverConfig.from_dict(config(adjoint=MyDirect()).to_dict())
         assert type(back.adjoint) is MyDirect
     finally:
-        del hk.ADJOINT_REGISTRY["MyDirect"]
+        del ADJOINT_REGISTRY["MyDirect"]

@@ -7,8 +7,6 @@ import pytest
 
 import hybrid_kernels as hk
 
-jax.config.update("jax_enable_x64", True)
-
 
 def dataset(n):
     exps = [

@@ -1,6 +1,5 @@
 """Long-format tables in and out, and splitting held-out experiments by id (issue 13)."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -8,8 +7,6 @@ import pytest
 import hybrid_kernels as hk
 
 pd = pytest.importorskip("pandas")
-
-jax.config.update("jax_enable_x64", True)
 
 
 def y0_fn(covariates, channels):

@@ -1,11 +1,8 @@
 """Best-step snapshot, restore_best, horizon resets and patience."""
 
-import jax
 import numpy as np
 import pytest
-from _train_models import osc_dataset, quiet, train
-
-jax.config.update("jax_enable_x64", True)
+from helpers import osc_dataset, quiet, train
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,10 @@
 """train_with_optax end to end: convergence, phases, recompiles, required arguments."""
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _train_models import (
+from helpers import (
     OMEGA_TRUE,
     TRACES,
     flag_config,
@@ -18,8 +17,6 @@ from _train_models import (
 )
 
 import hybrid_kernels as hk
-
-jax.config.update("jax_enable_x64", True)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ CHILD = """
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     import jax
     jax.config.update("jax_enable_x64", True)
-    from _train_models import oscillator_model, quiet, train
+    from helpers import oscillator_model, quiet, train
     import hybrid_kernels as hk
 
     assert jax.device_count() == 4

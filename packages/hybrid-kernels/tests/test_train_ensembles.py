@@ -3,11 +3,9 @@
 import jax
 import numpy as np
 import pytest
-from _train_models import omega_start, osc_dataset, quiet
+from helpers import omega_start, osc_dataset, quiet
 
 import hybrid_kernels as hk
-
-jax.config.update("jax_enable_x64", True)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import math
 import jax
 import jax.numpy as jnp
 import pytest
-from _train_models import omega_start, osc_dataset, quiet
+from helpers import omega_start, osc_dataset, quiet
 
 import hybrid_kernels as hk
 from hybrid_kernels._training import ensembles

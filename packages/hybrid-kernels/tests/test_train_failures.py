@@ -10,12 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import Rate, decay_simulate, identity_output, tiny_solver
 
 import hybrid_kernels as hk
-from conftest import Rate, decay_simulate, identity_output, tiny_solver
 from hybrid_kernels._training.state import TrainingState, load_training_state, save_training_state
-
-jax.config.update("jax_enable_x64", True)
 
 # A healthy solve needs about 20 steps; a rate of 1e36 or a growing exponential never finishes.
 SOLVER = tiny_solver(throw=False, max_steps=64)

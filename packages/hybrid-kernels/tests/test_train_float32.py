@@ -18,7 +18,7 @@ CHILD = """
     import json
     import jax
     assert not jax.config.read("jax_enable_x64")
-    from _train_models import omega_start, osc_dataset, oscillator_model, quiet, train
+    from helpers import omega_start, osc_dataset, oscillator_model, quiet, train
 
     osc = oscillator_model()
     data = osc_dataset(osc, noise=0.01, seed=1)

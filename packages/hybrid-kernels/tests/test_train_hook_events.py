@@ -6,12 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _train_models import omega_start, osc_dataset, quiet, train
+from helpers import omega_start, osc_dataset, quiet, train
 
 import hybrid_kernels as hk
 from hybrid_kernels._training.state import read_training_meta
-
-jax.config.update("jax_enable_x64", True)
 
 STEPS = (6,)
 

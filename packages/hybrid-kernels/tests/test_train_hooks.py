@@ -5,11 +5,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _train_models import TRACES, flag_config, flag_train, osc_dataset, set_flag
+from helpers import TRACES, flag_config, flag_train, osc_dataset, set_flag
 
 import hybrid_kernels as hk
-
-jax.config.update("jax_enable_x64", True)
 
 
 @pytest.fixture(scope="module")

@@ -3,12 +3,10 @@ bucket gradients are combined inside compiled code."""
 
 import jax
 import pytest
-from _train_models import quiet, train
+from helpers import quiet, train
 
 import hybrid_kernels as hk
 from hybrid_kernels._training import _engine, _loop, _step
-
-jax.config.update("jax_enable_x64", True)
 
 
 @pytest.fixture(scope="module")

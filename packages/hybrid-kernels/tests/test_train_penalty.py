@@ -1,14 +1,11 @@
 """The once-per-step regulariser, wired through the trainer."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _train_models import bounded_rate, rate_dataset, rate_train
+from helpers import bounded_rate, rate_dataset, rate_train
 
 import hybrid_kernels as hk
-
-jax.config.update("jax_enable_x64", True)
 
 BASE = dict(steps=(12,), lr=(0.1,), verbose=False)
 

@@ -11,12 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _train_models import RATE_SOLVER
+from helpers import RATE_SOLVER, Rate
 
 import hybrid_kernels as hk
-from conftest import Rate
-
-jax.config.update("jax_enable_x64", True)
 
 CALLS = {"trajectory": 0, "regulariser": 0}
 LENGTHS = (4, 5, 6)  # three bucket shapes under the exact policy

@@ -1,16 +1,13 @@
 """plot_history and plot_fit (matplotlib is the optional `plot` extra)."""
 
-import jax
 import numpy as np
 import pytest
-from _train_models import omega_start, osc_dataset, quiet, train
+from helpers import omega_start, osc_dataset, quiet, train
 
 import hybrid_kernels as hk
 
 matplotlib = pytest.importorskip("matplotlib", reason="the `plot` extra is not installed")
 matplotlib.use("Agg")
-
-jax.config.update("jax_enable_x64", True)
 
 
 @pytest.fixture(scope="module")

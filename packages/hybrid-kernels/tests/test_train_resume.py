@@ -10,12 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _train_models import omega_start, osc_dataset, quiet, train
+from helpers import omega_start, osc_dataset, quiet, train
 
 import hybrid_kernels as hk
 from hybrid_kernels._training import state as state_module
-
-jax.config.update("jax_enable_x64", True)
 
 TESTS = Path(__file__).parent
 PHASES = dict(
@@ -57,7 +55,7 @@ CHILD = """
     import os, sys
     import jax
     jax.config.update("jax_enable_x64", True)
-    from _train_models import osc_dataset, oscillator_model, quiet, train
+    from helpers import osc_dataset, oscillator_model, quiet, train
 
     oscillator = oscillator_model()
     config = quiet(checkpoint_path=sys.argv[1], checkpoint_every=2, **{phases})

@@ -3,11 +3,9 @@
 import jax
 import numpy as np
 import pytest
-from _train_models import flag_config, flag_train, osc_dataset, set_flag
+from helpers import flag_config, flag_train, osc_dataset, set_flag
 
 import hybrid_kernels as hk
-
-jax.config.update("jax_enable_x64", True)
 
 
 @pytest.fixture(scope="module")

@@ -2,14 +2,11 @@
 
 import io
 
-import jax
 import numpy as np
 import pytest
-from _train_models import quiet, rate_dataset, rate_train
+from helpers import quiet, rate_dataset, rate_train
 
 import hybrid_kernels as hk
-
-jax.config.update("jax_enable_x64", True)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +42,8 @@ def test_log_ui_prints_the_solver_steps():
 
 def test_bucket_step_exposes_the_last_calls_steps_per_row():
     ds = rate_dataset()
-    from _train_models import RATE_SOLVER, bounded_rate, identity, rate_mask, rate_simulate
+    from helpers import RATE_SOLVER, bounded_rate, rate_mask, rate_simulate
+    from helpers import identity_output as identity
 
     start = (bounded_rate(4.0),)
     step = hk.build_bucket_step(

@@ -7,11 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _train_models import omega_start, osc_dataset, quiet, train
+from helpers import omega_start, osc_dataset, quiet, train
 
 import hybrid_kernels as hk
-
-jax.config.update("jax_enable_x64", True)
 
 BUDGET = dict(steps=(12,), lr=(0.05,))
 TOURNAMENT = dict(tournament_attempts=6, tournament_steps=3, tournament_lr=0.05)

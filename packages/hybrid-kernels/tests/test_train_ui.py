@@ -3,13 +3,10 @@
 import io
 import sys
 
-import jax
 import pytest
-from _train_models import osc_dataset, quiet, train
+from helpers import osc_dataset, quiet, train
 
 import hybrid_kernels as hk
-
-jax.config.update("jax_enable_x64", True)
 
 
 @pytest.fixture(scope="module")

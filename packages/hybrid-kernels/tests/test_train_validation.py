@@ -1,14 +1,11 @@
 """Validation data during training: forward-only scoring, best-restore and early stopping."""
 
 import equinox as eqx
-import jax
 import numpy as np
 import pytest
-from _train_models import osc_dataset, quiet, train
+from helpers import osc_dataset, quiet, train
 
 import hybrid_kernels as hk
-
-jax.config.update("jax_enable_x64", True)
 
 
 @pytest.fixture(scope="module")

@@ -2,10 +2,11 @@
 
 Experiments of equal shape are grouped into buckets; each bucket shape gets one compiled
 ``(loss, grads)`` kernel. Alongside it sit a forward-only scorer, a once-per-step penalty and
-a single optimiser update; the stock trainer in :mod:`hybrid_kernels._training` is composed of
-exactly those pieces.
+a single optimiser update; the stock trainer (``train_with_optax``) is composed of exactly
+those pieces.
 
-The public surface is exactly what ``__all__`` lists.
+Every implementation module is private (``hybrid_kernels._x``). This file is the one list of
+public names (the API pages group them by concept): import them from the root.
 """
 
 from hybrid_kernels.__about__ import __version__
@@ -16,19 +17,15 @@ from hybrid_kernels._bounded import (
     soft_logit,
     straight_through_clip,
 )
+from hybrid_kernels._cells import length_cutoff
 from hybrid_kernels._data import (
     BucketPayload,
-    ChannelObs,
     Dataset,
-    Experiment,
     describe_buckets,
     failed_exp_ids,
-    make_bootstrap_dataset,
     make_dataset,
-    make_experiment,
-    split_dataset,
-    split_dataset_by_ids,
 )
+from hybrid_kernels._experiments import ChannelObs, Experiment, make_experiment
 from hybrid_kernels._inputs import InputSignal, InputTable, piecewise_constant, piecewise_linear
 from hybrid_kernels._kernels import (
     apply_length_mask,
@@ -36,23 +33,14 @@ from hybrid_kernels._kernels import (
     build_bucket_step,
     build_penalty_step,
     build_score_bucket,
-    length_cutoff,
     predict_bucket_obs,
 )
-from hybrid_kernels._losses import (
-    LOSS_REGISTRY,
-    bal_mle,
-    bal_mse,
-    masked_mle,
-    masked_mse,
-    resolve_loss_fn,
-)
+from hybrid_kernels._losses import bal_mle, bal_mse, masked_mle, masked_mse, resolve_loss_fn
 from hybrid_kernels._penalties import (
     PenaltyPointSource,
     bound_penalty,
     box_grid,
     data_penalty_points,
-    length_mask_keep,
     select_penalty_points,
     validate_penalty_points,
 )
@@ -65,20 +53,11 @@ from hybrid_kernels._prediction import (
     predict_dense,
     rich_metrics_table,
 )
-from hybrid_kernels._reductions import (
-    REDUCTIONS,
-    bucket_weights,
-    combine_bucket_grads,
-)
+from hybrid_kernels._reductions import bucket_weights, combine_bucket_grads
 from hybrid_kernels._serialise import load_predictors, read_predictors_metadata, save_predictors
 from hybrid_kernels._sharding import make_row_mesh
-from hybrid_kernels._solver import (
-    ADJOINT_REGISTRY,
-    SOLVER_REGISTRY,
-    SolverConfig,
-    register_adjoint,
-    register_solver,
-)
+from hybrid_kernels._solver import SolverConfig, register_adjoint, register_solver
+from hybrid_kernels._splits import make_bootstrap_dataset, split_dataset, split_dataset_by_ids
 from hybrid_kernels._tables import experiments_from_table, metrics_table, predictions_table
 from hybrid_kernels._trainable import (
     count_trainable_params,
@@ -89,7 +68,6 @@ from hybrid_kernels._trainable import (
     trainable_mask,
 )
 from hybrid_kernels._training import (
-    OPTIMIZER_REGISTRY,
     BetweenStepsHook,
     LogUI,
     LossHistory,
@@ -124,11 +102,6 @@ from hybrid_kernels._trajectory import (
 )
 
 __all__ = [
-    "ADJOINT_REGISTRY",
-    "LOSS_REGISTRY",
-    "OPTIMIZER_REGISTRY",
-    "REDUCTIONS",
-    "SOLVER_REGISTRY",
     "BetweenStepsHook",
     "BoundScaler",
     "BoundedPredictor",
@@ -179,7 +152,6 @@ __all__ = [
     "freeze_paths",
     "freeze_where",
     "length_cutoff",
-    "length_mask_keep",
     "load_predictors",
     "load_run",
     "load_training_state",

@@ -34,7 +34,6 @@ try:
 except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["write_atomic"]
 
 # Temporaries that threads of this process are writing. POSIX locks emulating `flock` (on
 # NFS) do not exclude threads of one process, so the process also keeps its own list.

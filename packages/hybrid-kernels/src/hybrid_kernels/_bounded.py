@@ -24,14 +24,6 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-__all__ = [
-    "BoundScaler",
-    "BoundedPredictor",
-    "soft_clip",
-    "soft_logit",
-    "straight_through_clip",
-]
-
 # Inside [_EDGE, 1 - _EDGE] of the normalised box the inverse squash is exact; beyond it a
 # linear continuation takes over, so inputs on or outside the bounds still get a finite latent
 # with a non-zero gradient (never a hard clip, whose gradient would vanish in the adjoint).

@@ -1,16 +1,16 @@
-"""Experiments, channels and the bucketed dataset the kernels consume.
+"""The bucketed dataset the kernels consume.
 
-Data flows one way: :class:`ChannelObs` and :class:`Experiment` hold one experiment's sparse,
-per-channel observations on the host; :func:`make_dataset` scatters each experiment onto its own
-union time axis and stacks experiments into :class:`BucketPayload` buckets of equal shape. Each
-bucket shape is one compiled kernel, so the bucket policy (see
-`hybrid_kernels._bucketing`) is what bounds the compile count.
+Data flows one way: [`hybrid_kernels.make_dataset`][] scatters each experiment
+(`hybrid_kernels._experiments`) onto its own union time axis and stacks experiments into
+[`hybrid_kernels.BucketPayload`][] buckets of equal shape. Each bucket shape is one compiled
+kernel, so the bucket policy (see `hybrid_kernels._bucketing`) is what bounds the compile count.
+Subsets (`hybrid_kernels._splits`) are re-bucketed from the source experiments with the
+options the dataset was built with.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -27,237 +27,8 @@ from hybrid_kernels._bucketing import (
     validate_experiments,
 )
 from hybrid_kernels._dtypes import resolve_dtype
-from hybrid_kernels._inputs import InputTable
-
-__all__ = [
-    "BucketPayload",
-    "ChannelObs",
-    "Dataset",
-    "Experiment",
-    "describe_buckets",
-    "failed_exp_ids",
-    "make_bootstrap_dataset",
-    "make_dataset",
-    "make_experiment",
-    "split_dataset",
-    "split_dataset_by_ids",
-]
-
-
-class ChannelObs(eqx.Module):
-    """One measured quantity of one experiment: sparse observations at their own times.
-
-    **Arguments:**
-
-    - `ts`: observation times `[Tc]`, finite; need not be sorted. A repeated time is a
-        replicate: each replicate is its own cell on the union axis and counts in the loss.
-    - `values`: observed values `[Tc]`, finite. An empty `values` with non-empty `ts` is a
-        *probe* channel: its times shape the integration grid but nothing is observed.
-    - `variance`: observation variance, a positive scalar (broadcast) or `[Tc]`.
-
-    Arrays are kept as host NumPy arrays at their given precision, so the dataset's
-    `dtype` option (not the jax x64 flag at construction time) decides the stored precision.
-    """
-
-    ts: np.ndarray
-    values: np.ndarray
-    variance: np.ndarray
-
-    def __init__(self, ts: Any, values: Any, variance: Any = 1.0):
-        ts = _as_float_array(ts, "ts")
-        values = _as_float_array(values, "values")
-        if ts.ndim != 1:
-            raise ValueError(f"ChannelObs: `ts` must be rank-1, got shape {ts.shape}.")
-        if values.ndim != 1:
-            raise ValueError(f"ChannelObs: `values` must be rank-1, got shape {values.shape}.")
-        probe = values.size == 0
-        if not probe and values.shape != ts.shape:
-            raise ValueError(
-                f"ChannelObs: `values` has shape {values.shape} but `ts` has shape {ts.shape}; "
-                "they must match (or `values` must be empty for a probe channel)."
-            )
-        variance = _as_float_array(variance, "variance")
-        if variance.ndim == 0:
-            variance = np.full(values.shape, variance, dtype=variance.dtype)
-        elif variance.shape != values.shape:
-            raise ValueError(
-                f"ChannelObs: `variance` must be a scalar or have the shape of `values` "
-                f"{values.shape}, got {variance.shape}."
-            )
-        if not np.all(np.isfinite(ts)):
-            raise ValueError("ChannelObs: `ts` must be finite.")
-        if not np.all(np.isfinite(values)):
-            raise ValueError("ChannelObs: `values` must be finite.")
-        if not (np.all(np.isfinite(variance)) and np.all(variance > 0)):
-            raise ValueError("ChannelObs: `variance` must be finite and strictly positive.")
-        self.ts = ts
-        self.values = values
-        self.variance = variance
-
-    @property
-    def is_probe(self) -> bool:
-        """True when the channel has times but no observed values."""
-        return self.values.size == 0
-
-
-class Experiment(eqx.Module):
-    """One experiment: covariates, time-varying inputs, initial state and observed channels.
-
-    Build it with [`hybrid_kernels.make_experiment`][]. `exp_id` is host-side only: it never
-    reaches a kernel, and [`hybrid_kernels.Dataset`][] keeps it to map rows back. `t0` is the
-    time `y0` applies at (`None` only for experiments built by hand: then the first observed
-    time). `inputs` maps names to [`hybrid_kernels.InputTable`][]s.
-    """
-
-    covariates: dict[str, np.ndarray]
-    y0: np.ndarray
-    channels: dict[str, ChannelObs]
-    exp_id: str = eqx.field(static=True, default="")
-    t0: float | None = eqx.field(static=True, default=None)
-    inputs: dict[str, InputTable] = eqx.field(default_factory=dict)
-
-
-def make_experiment(
-    *,
-    covariates: Mapping[str, Any],
-    channels: Mapping[str, ChannelObs],
-    y0_fn: Callable[[dict[str, Array], Mapping[str, ChannelObs]], Any],
-    exp_id: str = "",
-    t0: float | None = None,
-    inputs: Mapping[str, InputTable] | None = None,
-) -> Experiment:
-    """Validate and assemble one [`hybrid_kernels.Experiment`][].
-
-    **The start-time rule.** `y0_fn` gives the state at `t0`, and the solve starts at `t0`.
-    When `t0` is not given it is 0, and then the experiment's earliest time (over its channels,
-    probes included) must be exactly 0: an experiment first sampled later raises, so the initial
-    state is never moved silently to the first sample (nor silently back to 0). Pass `t0=0.0`
-    for a run that started at 0 and was first sampled later, or `t0=` the first sample time to
-    start the solve there. Observations before `t0` raise.
-
-    **Arguments:**
-
-    - `covariates`: name → scalar or `[K]` value, constant in time.
-    - `channels`: name → [`hybrid_kernels.ChannelObs`][].
-    - `y0_fn`: `y0_fn(covariates_as_jax_arrays, channels) -> [S]`, the *full* state at `t0`
-        (it may include unobserved components such as penalty accumulators).
-    - `exp_id`: a host-side name for error messages, failure reports and predictions.
-    - `t0`: the start time (see the rule above).
-    - `inputs`: name → [`hybrid_kernels.InputTable`][] (from
-        [`hybrid_kernels.piecewise_constant`][] or [`hybrid_kernels.piecewise_linear`][]):
-        signals that change in time. Inside `simulate_fn`, `covariates[name]` is then an
-        [`hybrid_kernels.InputSignal`][] to call at `t`, and the table's switch times reach the
-        step-size controller as jump times. Names must differ from the covariates'.
-
-    **Returns:** the experiment. Raises `ValueError` naming `exp_id` on a rank>1 or non-finite
-    covariate, a `y0` that is not rank-1 and finite, a missing `t0` or an observation before
-    it; `TypeError` on a non-str `exp_id`, a non-numeric covariate or `y0`, or a channel that
-    is not a `ChannelObs`.
-    """
-    if not isinstance(exp_id, str):
-        raise TypeError(f"make_experiment: `exp_id` must be a str, got {exp_id!r}.")
-    for arg, value in (("covariates", covariates), ("channels", channels)):
-        if not isinstance(value, Mapping):
-            raise TypeError(
-                f"make_experiment({exp_id!r}): `{arg}` must be a mapping of name to value, "
-                f"got {type(value).__name__}."
-            )
-    covs: dict[str, np.ndarray] = {}
-    for name in sorted(covariates):
-        if not isinstance(name, str):
-            raise TypeError(
-                f"make_experiment({exp_id!r}): covariate names must be str, got {name!r}."
-            )
-        value = _as_array(covariates[name], f"make_experiment({exp_id!r}): covariate {name!r}")
-        if value.dtype.kind not in "biuf":
-            raise TypeError(
-                f"make_experiment({exp_id!r}): covariate {name!r} must be numeric, "
-                f"got dtype {value.dtype}."
-            )
-        if value.ndim > 1:
-            raise ValueError(
-                f"make_experiment({exp_id!r}): covariate {name!r} must be rank 0 or 1, "
-                f"got shape {value.shape}."
-            )
-        if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
-            raise ValueError(
-                f"make_experiment({exp_id!r}): covariate {name!r} must be finite, got {value}."
-            )
-        covs[name] = value
-    for name, ch in channels.items():
-        if not isinstance(name, str):
-            raise TypeError(
-                f"make_experiment({exp_id!r}): channel names must be str, got {name!r}."
-            )
-        if not isinstance(ch, ChannelObs):
-            raise TypeError(
-                f"make_experiment({exp_id!r}): channel {name!r} must be a ChannelObs, "
-                f"got {type(ch).__name__}."
-            )
-    if not callable(y0_fn):
-        raise TypeError(
-            f"make_experiment({exp_id!r}): `y0_fn` must be callable, got {type(y0_fn).__name__}."
-        )
-    t0 = _start_time(exp_id, channels, t0)
-    tables = dict(inputs or {})
-    for name, table in tables.items():
-        if not isinstance(table, InputTable):
-            raise TypeError(
-                f"make_experiment({exp_id!r}): input {name!r} must be an InputTable (see "
-                f"piecewise_constant / piecewise_linear), got {type(table).__name__}."
-            )
-        if name in covs:
-            raise ValueError(
-                f"make_experiment({exp_id!r}): input {name!r} is also a covariate; "
-                "names must differ."
-            )
-    y0 = _as_array(
-        y0_fn({k: jnp.asarray(v) for k, v in covs.items()}, channels),
-        f"make_experiment({exp_id!r}): `y0_fn`'s return value",
-    )
-    if y0.dtype.kind not in "iuf":
-        raise TypeError(
-            f"make_experiment({exp_id!r}): y0_fn must return a numeric state, got dtype {y0.dtype}."
-        )
-    if y0.ndim != 1:
-        raise ValueError(
-            f"make_experiment({exp_id!r}): y0_fn must return a rank-1 state [S], "
-            f"got shape {y0.shape}."
-        )
-    if not np.all(np.isfinite(y0)):
-        raise ValueError(f"make_experiment({exp_id!r}): `y0` must be finite, got {y0}.")
-    return Experiment(
-        covariates=covs,
-        y0=y0,
-        channels=dict(channels),
-        exp_id=exp_id,
-        t0=t0,
-        inputs={k: tables[k] for k in sorted(tables)},
-    )
-
-
-def _start_time(exp_id: str, channels: Mapping[str, ChannelObs], t0: Any) -> float:
-    """make_experiment's start-time rule (see its docstring); every message names the field."""
-    firsts = {n: float(np.min(c.ts)) for n, c in channels.items() if c.ts.size}
-    if t0 is None:
-        if firsts and min(firsts.values()) != 0.0:
-            name = min(firsts, key=firsts.__getitem__)
-            raise ValueError(
-                f"make_experiment({exp_id!r}): no `t0` given and the first time is "
-                f"{firsts[name]!r} (channel {name!r}, field `ts`), not 0. Pass `t0`, the time "
-                "y0_fn's state applies at: t0=0.0 to start the solve before the first sample, "
-                f"or t0={firsts[name]!r} to start it there."
-            )
-        return 0.0
-    if isinstance(t0, bool) or not isinstance(t0, int | float | np.number) or not math.isfinite(t0):
-        raise ValueError(f"make_experiment({exp_id!r}): `t0` must be a finite float, got {t0!r}.")
-    for name, first in firsts.items():
-        if first < t0:
-            raise ValueError(
-                f"make_experiment({exp_id!r}): channel {name!r} has a time {first!r} in `ts` "
-                f"before t0={float(t0)!r}; observations must not precede the start."
-            )
-    return float(t0)
+from hybrid_kernels._experiments import Experiment
+from hybrid_kernels._preflight import check_int
 
 
 class BucketPayload(NamedTuple):
@@ -281,8 +52,10 @@ class BucketPayload(NamedTuple):
     - `jump_ts` `[N, J]`: each row's input switch times, padded with `+inf`; `None` without
         inputs.
 
-    `row_weights` and `row_lengths` default to `None` (all rows real, of length `T`), so a
-    payload written by hand with the seed's seven fields still works.
+    `row_weights` and `row_lengths` are always present: every constructor
+    ([`hybrid_kernels.make_dataset`][] and the dataset splits) fills them, so no consumer
+    needs a fallback. A payload written by hand gives `row_weights=jnp.ones(N)` and
+    `row_lengths=jnp.full(N, T)` for unpadded rows.
     """
 
     ts: Float[Array, "N T"]
@@ -292,8 +65,8 @@ class BucketPayload(NamedTuple):
     covariates: dict[str, Array]
     y0: Float[Array, "N S"]
     n_obs: Int[Array, ""]
-    row_weights: Float[Array, " N"] | None = None
-    row_lengths: Int[Array, " N"] | None = None
+    row_weights: Float[Array, " N"]
+    row_lengths: Int[Array, " N"]
     inputs: dict[str, tuple[Array, Array]] | None = None
     jump_ts: Float[Array, "N J"] | None = None
 
@@ -393,16 +166,10 @@ def make_dataset(
             f"make_dataset: `bucket_policy` must be one of {sorted(BUCKET_POLICIES)}, "
             f"got {bucket_policy!r}."
         )
-    if max_shapes is not None and (
-        isinstance(max_shapes, bool) or not isinstance(max_shapes, int) or max_shapes < 1
-    ):
-        raise ValueError(f"make_dataset: `max_shapes` must be a positive int, got {max_shapes!r}.")
-    if planned_steps is not None and (
-        isinstance(planned_steps, bool) or not isinstance(planned_steps, int) or planned_steps < 1
-    ):
-        raise ValueError(
-            f"make_dataset: `planned_steps` must be None or a positive int, got {planned_steps!r}."
-        )
+    if max_shapes is not None:
+        check_int(max_shapes, "make_dataset: `max_shapes`")
+    if planned_steps is not None:
+        check_int(planned_steps, "make_dataset: `planned_steps`")
     if not isinstance(process_local, bool):
         raise TypeError(f"make_dataset: `process_local` must be a bool, got {process_local!r}.")
     np_dtype = resolve_dtype(dtype, "make_dataset")
@@ -490,14 +257,6 @@ def _check_fits_dtype(exp: Experiment, names: tuple[str, ...], dtype: np.dtype) 
     check(exp.y0, "`y0`")
 
 
-def _as_array(x: Any, what: str) -> np.ndarray:
-    """`np.asarray(x)`, with numpy's ragged-sequence error re-raised naming `what`."""
-    try:
-        return np.asarray(x)
-    except (ValueError, TypeError) as e:
-        raise TypeError(f"{what} must be a numeric array, not a ragged sequence ({e}).") from e
-
-
 def _check_unique_ids(experiments: Sequence[Experiment]) -> None:
     """Rows map back to experiments by id, so two experiments must never share one.
 
@@ -512,19 +271,12 @@ def _check_unique_ids(experiments: Sequence[Experiment]) -> None:
             )
 
 
-def _as_float_array(x: Any, name: str) -> np.ndarray:
-    arr = _as_array(x, f"ChannelObs: `{name}`")
-    if arr.dtype.kind not in "fiu":
-        raise TypeError(f"ChannelObs: `{name}` must be numeric, got dtype {arr.dtype}.")
-    return arr if arr.dtype.kind == "f" else arr.astype(np.float64)
-
-
 def describe_buckets(dataset: Dataset) -> str:
     """One line per bucket: index, `N` (real rows), `T`, `D` and the mask fill fraction."""
     lines = []
     for i, bp in enumerate(dataset.bucket_payloads):
         N, T, D = bp.mask.shape
-        n_real = N if bp.row_weights is None else int(np.count_nonzero(bp.row_weights))
+        n_real = int(np.count_nonzero(bp.row_weights))
         fill = float(np.asarray(bp.mask).mean()) if bp.mask.size else 0.0
         lines.append(f"bucket {i}: N={N} ({n_real} real), T={T}, D={D}, mask fill {fill:.1%}")
     return "\n".join(lines)
@@ -556,77 +308,6 @@ def _rebucketed(dataset: Dataset, experiments: Sequence[Experiment]) -> Dataset:
     )
 
 
-def split_dataset(
-    dataset: Dataset,
-    *,
-    train: float = 0.8,
-    val: float = 0.1,
-    test: float = 0.1,
-    key: Array,
-) -> tuple[Dataset, Dataset, Dataset]:
-    """Randomly split experiments into train/val/test datasets, each re-bucketed from scratch.
-
-    **Arguments:**
-
-    - `dataset`: the dataset to split (it must still hold its source experiments).
-    - `train`, `val`, `test`: fractions in [0, 1] summing to 1. Each size is
-        `floor(fraction * n)`, and the experiments this leaves over go to the last split, in
-        the order train, val, test, whose fraction is positive (test, unless `test=0`). A zero
-        fraction therefore always gets zero experiments. A positive fraction that still ends
-        with zero experiments raises.
-    - `key`: a `jax.random` key for the permutation.
-
-    **Returns:** `(train, val, test)`. An empty split has no payloads.
-    """
-    fracs = {"train": train, "val": val, "test": test}
-    for name, f in fracs.items():
-        if not (isinstance(f, int | float) and 0.0 <= f <= 1.0):
-            raise ValueError(f"split_dataset: `{name}` must be a fraction in [0, 1], got {f!r}.")
-    if not math.isclose(train + val + test, 1.0, abs_tol=1e-9):
-        raise ValueError(
-            f"split_dataset: `train + val + test` must be 1, got {train + val + test!r}."
-        )
-    exps = dataset.experiments
-    if not exps:
-        raise ValueError("split_dataset: `dataset` holds no experiments to split.")
-    n = len(exps)
-    sizes = [math.floor(f * n) for f in fracs.values()]
-    sizes[max(i for i, f in enumerate(fracs.values()) if f > 0)] += n - sum(sizes)
-    n_train, n_val, n_test = sizes
-    for name, f, k in (("train", train, n_train), ("val", val, n_val), ("test", test, n_test)):
-        if f > 0 and k == 0:
-            raise ValueError(
-                f"split_dataset: `{name}={f}` of {n} experiments floors to 0 experiments."
-            )
-    perm = np.asarray(jax.random.permutation(key, n))
-    parts = (perm[:n_train], perm[n_train : n_train + n_val], perm[n_train + n_val :])
-    return tuple(_rebucketed(dataset, [exps[i] for i in sorted(p)]) for p in parts)  # type: ignore[return-value]
-
-
-def make_bootstrap_dataset(
-    dataset: Dataset, *, key: Array, n_experiments: int | None = None
-) -> Dataset:
-    """Resample experiments with replacement and re-bucket.
-
-    **Arguments:**
-
-    - `dataset`: the source dataset (it must hold its source experiments).
-    - `key`: a `jax.random` key.
-    - `n_experiments`: sample size; defaults to the source's experiment count.
-    """
-    exps = dataset.experiments
-    if not exps:
-        raise ValueError("make_bootstrap_dataset: `dataset` holds no experiments to resample.")
-    n = len(exps) if n_experiments is None else n_experiments
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(
-            "make_bootstrap_dataset: `n_experiments` must be a positive int, "
-            f"got {n_experiments!r}."
-        )
-    idx = np.asarray(jax.random.randint(key, (n,), 0, len(exps)))
-    return _rebucketed(dataset, [exps[i] for i in idx])
-
-
 def failed_exp_ids(dataset: Dataset, failed: Sequence[Any]) -> tuple[str, ...]:
     """Map per-row failure flags back to experiment ids.
 
@@ -653,32 +334,3 @@ def failed_exp_ids(dataset: Dataset, failed: Sequence[Any]) -> tuple[str, ...]:
             )
         out.extend(i for i, f in zip(ids, flags, strict=True) if f and i != "")
     return tuple(out)
-
-
-def split_dataset_by_ids(dataset: Dataset, exp_ids: Sequence[str]) -> tuple[Dataset, Dataset]:
-    """Split named experiments off a dataset (held-out runs), re-bucketing both parts.
-
-    **Arguments:**
-
-    - `dataset`: the dataset (it must still hold its source experiments).
-    - `exp_ids`: the ids to split off; each must name an experiment of `dataset`.
-
-    **Returns:** `(rest, selected)`, each built with `dataset`'s options; `selected` keeps the
-    order of `exp_ids`. An empty part has no payloads.
-    """
-    if isinstance(exp_ids, str):
-        raise TypeError(
-            f"split_dataset_by_ids: `exp_ids` must be a sequence of ids, got the string "
-            f"{exp_ids!r}; wrap it in a list."
-        )
-    wanted = list(exp_ids)
-    by_id = {e.exp_id: e for e in dataset.experiments}
-    unknown = [i for i in wanted if i not in by_id]
-    if unknown:
-        raise ValueError(
-            f"split_dataset_by_ids: experiment id(s) {unknown} (field `exp_ids`) are not in the "
-            f"dataset; it holds {sorted(by_id)}."
-        )
-    chosen = set(wanted)
-    rest = [e for e in dataset.experiments if e.exp_id not in chosen]
-    return _rebucketed(dataset, rest), _rebucketed(dataset, [by_id[i] for i in wanted])

@@ -183,10 +183,8 @@ class _BucketKernel:
             _, failed, _ = self._diagnose(objective, predictors, bp, fraction, weight)
         except Exception:  # the diagnosis must never hide the original error
             return
-        rows = tuple(int(r) for r in np.flatnonzero(np.asarray(failed)))
-        if bp.row_weights is not None:
-            real = np.asarray(bp.row_weights) > 0
-            rows = tuple(r for r in rows if real[r])
+        real = np.asarray(bp.row_weights) > 0
+        rows = tuple(int(r) for r in np.flatnonzero(np.asarray(failed) & real))
         if not rows:
             return
         raise RowSolveError(

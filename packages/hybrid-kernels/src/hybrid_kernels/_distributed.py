@@ -30,8 +30,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from hybrid_kernels._bucketing import choose_bins, stack_bucket
 from hybrid_kernels._sharding import row_sharding
 
-__all__ = ["process_local_buckets"]
-
 
 def _gather_ints(values: np.ndarray) -> list[np.ndarray]:
     """Every process's 1-D int array (lengths may differ), indexed by process."""

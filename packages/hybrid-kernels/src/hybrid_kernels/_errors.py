@@ -1,4 +1,4 @@
-"""Tracing kernels without host callbacks, for `SolverConfig(throw=False)`.
+"""Tracing kernels without host callbacks, for `SolverConfig(throw=False)`; solver errors.
 
 Equinox implements runtime checks (`eqx.error_if`, used throughout diffrax) with a host
 callback unless `EQX_ON_ERROR=nan`, and JAX's persistent compilation cache refuses programs
@@ -6,10 +6,21 @@ that contain host callbacks. Diffrax's own `throw=False` removes the final solve
 check, but its argument checks (saveat times increasing, inside [t0, t1]) remain. While a
 `throw=False` kernel traces, we route those checks to equinox's documented `"nan"` behaviour:
 a failed check poisons the value with NaN, which the kernel then sees as a failed row. The
-switch is scoped to that trace only; other code in the process keeps raising errors.
+switch is scoped to that trace only; other code in the process keeps raising errors. jax
+caches traces per function and static arguments, not per switch state, so the switch must be
+decided by a static argument of the jitted function it wraps: the kernels key it on
+`solver.throw`, which diffrax also receives as its static `throw`.
 
-Setting the environment variable `EQX_ON_ERROR=nan` before importing equinox achieves the same
-process-wide, and is the fallback if a future equinox moves these internals.
+Why a patch and not a public route: equinox reads `EQX_ON_ERROR` once, when it is imported
+(`equinox._config`), and its public `error_if` no longer documents an `on_error` argument;
+diffrax's checks call it with the default. So there is no public way to choose "nan" for one
+trace and "raise" for the rest of the process. This module is the only place that touches
+equinox internals (`equinox._errors.branched_error_if_impl_jit`, in every equinox 0.13
+release, which is what installs with jax 0.7.2 and with jax 0.10.2); `tests/test_errors.py`
+pins the behaviour and runs on both ends of the jax range, and `host_callbacks_patchable()`
+reports whether it engaged. If a future equinox moves the internal, kernels keep their
+callbacks (correct, but uncacheable) and setting `EQX_ON_ERROR=nan` before importing equinox
+is the process-wide fallback.
 """
 
 from __future__ import annotations

@@ -19,8 +19,6 @@ import equinox as eqx
 import numpy as np
 from jaxtyping import Array, Float
 
-__all__ = ["InputSignal", "InputTable", "piecewise_constant", "piecewise_linear"]
-
 INPUT_KINDS = ("constant", "linear")
 
 

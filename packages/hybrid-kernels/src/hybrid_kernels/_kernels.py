@@ -25,6 +25,7 @@ import jax.tree_util as jtu
 from jaxtyping import Array, Float
 
 from hybrid_kernels import _preflight as pf
+from hybrid_kernels._cells import scored_rows
 from hybrid_kernels._data import BucketPayload
 from hybrid_kernels._dispatch import (
     _BucketKernel,
@@ -34,37 +35,9 @@ from hybrid_kernels._dispatch import (
     _strong,
     _strong_flat,
 )
-from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._errors import no_host_callbacks
 from hybrid_kernels._inputs import row_signals
 from hybrid_kernels._solver import SolverConfig, row_context
-
-__all__ = [
-    "apply_length_mask",
-    "build_apply_update",
-    "build_bucket_step",
-    "build_penalty_step",
-    "build_score_bucket",
-    "length_cutoff",
-    "predict_bucket_obs",
-]
-
-
-def length_cutoff(lengths: Any, fraction: Any) -> Array:
-    """`max(ceil(length * fraction), 1)` as int32, computed in jax's default float dtype.
-
-    Under x64 this is float64 arithmetic (the peer always rounded through float32, which moves
-    the cutoff of long series). Host code that must agree with the kernels (penalty points,
-    reduction denominators) should call this same function.
-
-    **Arguments:**
-
-    - `lengths`: union lengths, a scalar or an array (e.g. `bp.row_lengths`).
-    - `fraction`: the length-mask fraction in (0, 1].
-    """
-    dt = default_float()
-    raw = jnp.ceil(jnp.asarray(lengths).astype(dt) * jnp.asarray(fraction, dtype=dt))
-    return jnp.maximum(raw.astype(jnp.int32), 1)
 
 
 def apply_length_mask(bp: BucketPayload, length_mask_fraction: Array) -> BucketPayload:
@@ -72,7 +45,7 @@ def apply_length_mask(bp: BucketPayload, length_mask_fraction: Array) -> BucketP
 
     Only the loss is masked: the solver still integrates the whole trajectory. The cutoff is
     `max(ceil(L * fraction), 1)` union rows, where `L` is the row's own union length
-    (`bp.row_lengths`; `T` when absent), so a padded bucket scores exactly the cells an unpadded
+    (`bp.row_lengths`), so a padded bucket scores exactly the cells an unpadded
     one would. The clamp at 1 keeps a tiny fraction from silently scoring nothing. `n_obs` is
     recomputed from the new mask. The fraction stays traced: changing it never recompiles.
 
@@ -83,10 +56,7 @@ def apply_length_mask(bp: BucketPayload, length_mask_fraction: Array) -> BucketP
 
     **Returns:** the bucket with `mask` and `n_obs` narrowed.
     """
-    N, T = bp.ts.shape
-    lengths = jnp.full((N,), T, jnp.int32) if bp.row_lengths is None else bp.row_lengths
-    cutoff = length_cutoff(lengths, length_mask_fraction)  # [N]
-    keep = jnp.arange(T)[None, :] < cutoff[:, None]  # [N, T]
+    keep = scored_rows(bp.row_lengths, bp.ts.shape[1], length_mask_fraction)  # [N, T]
     mask = bp.mask & keep[:, :, None]
     return bp._replace(mask=mask, n_obs=mask.sum().astype(bp.n_obs.dtype))
 
@@ -278,6 +248,19 @@ def _apply_update(optimizer, trainable, predictors, grads, opt_state):
     return eqx.apply_updates(predictors, updates), opt_state
 
 
+def _build(where, jitted, trainable, spec, tp_weight, return_status) -> _BucketKernel:
+    """Check a bucket kernel's build arguments and wrap its jitted body.
+
+    `spec` is `(simulate_fn, state_to_output, solver, loss_fn, trajectory_penalty_fn)`;
+    `trainable=None` builds a forward-only kernel.
+    """
+    _check_build(f"build_{where}", *spec[:4])
+    _check_tp(spec[4], tp_weight)
+    objective = _Objective(*spec)
+    status = return_status
+    return _BucketKernel(jitted, objective, trainable, tp_weight, status, where, _score_bucket)
+
+
 def build_bucket_step(
     simulate_fn: Callable[..., Array],
     state_to_output: Callable[[Array], Array],
@@ -321,19 +304,9 @@ def build_bucket_step(
     diffrax's `stats` of the solve the loss already made (-1 where `simulate_fn` did not
     solve through `solver.diffeqsolve`). Reading it is the caller's choice of host sync.
     """
-    _check_build("build_bucket_step", simulate_fn, state_to_output, solver, loss_fn)
-    _check_tp(trajectory_penalty_fn, trajectory_penalty_weight)
-    objective = _Objective(simulate_fn, state_to_output, solver, loss_fn, trajectory_penalty_fn)
-
-    return _BucketKernel(  # type: ignore[return-value]
-        _bucket_step,
-        objective,
-        trainable,
-        trajectory_penalty_weight,
-        return_status,
-        "bucket_step",
-        _score_bucket,
-    )
+    spec = (simulate_fn, state_to_output, solver, loss_fn, trajectory_penalty_fn)
+    weight = trajectory_penalty_weight
+    return _build("bucket_step", _bucket_step, trainable, spec, weight, return_status)  # type: ignore[return-value]
 
 
 def build_score_bucket(
@@ -353,19 +326,9 @@ def build_score_bucket(
     Arguments as there; `score_bucket` also takes an optional `trajectory_penalty_weight`
     override, and returns `(loss, failed)` with `return_status=True`.
     """
-    _check_build("build_score_bucket", simulate_fn, state_to_output, solver, loss_fn)
-    _check_tp(trajectory_penalty_fn, trajectory_penalty_weight)
-    objective = _Objective(simulate_fn, state_to_output, solver, loss_fn, trajectory_penalty_fn)
-
-    return _BucketKernel(  # type: ignore[return-value]
-        _score_bucket,
-        objective,
-        None,
-        trajectory_penalty_weight,
-        return_status,
-        "score_bucket",
-        _score_bucket,
-    )
+    spec = (simulate_fn, state_to_output, solver, loss_fn, trajectory_penalty_fn)
+    weight = trajectory_penalty_weight
+    return _build("score_bucket", _score_bucket, None, spec, weight, return_status)  # type: ignore[return-value]
 
 
 def build_penalty_step(

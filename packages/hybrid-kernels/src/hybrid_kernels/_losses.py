@@ -20,15 +20,6 @@ from typing import Any
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-__all__ = [
-    "LOSS_REGISTRY",
-    "bal_mle",
-    "bal_mse",
-    "masked_mle",
-    "masked_mse",
-    "resolve_loss_fn",
-]
-
 _LOG_2PI = math.log(2.0 * math.pi)
 _MIN_VAR = 1e-12
 
@@ -163,8 +154,8 @@ def resolve_loss_fn(
 
     **Arguments:**
 
-    - `loss`: a [`hybrid_kernels.LOSS_REGISTRY`][] name (case and whitespace ignored) or a
-        callable `(pred_obs, bp) -> scalar`.
+    - `loss`: a built-in loss by name, `"mse"`, `"mle"`, `"bal_mse"` or `"bal_mle"` (case and
+        whitespace ignored), or a callable `(pred_obs, bp) -> scalar`.
     - `channel_idx`: output channels to keep.
     - `channel_weights`: one weight per kept channel.
 

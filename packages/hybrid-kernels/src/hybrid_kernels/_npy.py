@@ -14,8 +14,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_npy_header", "read_npy"]
-
 _READERS = {
     (1, 0): np.lib.format.read_array_header_1_0,
     (2, 0): np.lib.format.read_array_header_2_0,

@@ -19,20 +19,11 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
-from jaxtyping import Array, ArrayLike, Bool, Float
+from jaxtyping import Array, ArrayLike, Float
 
 from hybrid_kernels._bounded import _WARPS, BoundedPredictor, BoundScaler
-from hybrid_kernels._kernels import length_cutoff
-
-__all__ = [
-    "PenaltyPointSource",
-    "bound_penalty",
-    "box_grid",
-    "data_penalty_points",
-    "length_mask_keep",
-    "select_penalty_points",
-    "validate_penalty_points",
-]
+from hybrid_kernels._cells import scored
+from hybrid_kernels._preflight import check_int
 
 
 def _bounded_nodes(predictors: Any) -> list[BoundedPredictor]:
@@ -95,13 +86,6 @@ class PenaltyPointSource(NamedTuple):
     cell_T: np.ndarray
 
 
-def _row_lengths(bp: Any) -> np.ndarray:
-    """Per-row length the length mask takes its prefix of (the row's own union length)."""
-    n_rows, T = np.shape(bp.ts)
-    lengths = getattr(bp, "row_lengths", None)
-    return np.full((n_rows,), T) if lengths is None else np.asarray(lengths)
-
-
 def data_penalty_points(predictors: Any, dataset: Any) -> tuple[PenaltyPointSource | None, ...]:
     """Gather, per bounded predictor, its inputs at every measured cell of `dataset`.
 
@@ -125,12 +109,9 @@ def data_penalty_points(predictors: Any, dataset: Any) -> tuple[PenaltyPointSour
     chunks: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = [[] for _ in nodes]
     resolvable = [True] * len(nodes)
     for bp in dataset.bucket_payloads:
-        measured = np.asarray(bp.mask).any(axis=-1)  # [N, T]
-        weights = getattr(bp, "row_weights", None)
-        if weights is not None:
-            measured &= (np.asarray(weights) > 0)[:, None]
-        rows, times = np.nonzero(measured)
-        lengths = _row_lengths(bp)
+        measured = np.asarray(bp.mask).any(axis=-1) & (np.asarray(bp.row_weights) > 0)[:, None]
+        rows, times = np.nonzero(measured)  # [N, T] cells
+        lengths = np.asarray(bp.row_lengths)
         for j, node in enumerate(nodes):
             if not all(k in bp.covariates for k in node.input_keys):
                 resolvable[j] = False
@@ -177,18 +158,6 @@ def _check_fraction(fraction: Any) -> float:
     return fraction
 
 
-def length_mask_keep(source: PenaltyPointSource, fraction: float) -> Bool[np.ndarray, " G"]:
-    """Which of `source`'s cells the length mask keeps at `fraction`.
-
-    The same prefix rule as `apply_length_mask`, through the same `length_cutoff` arithmetic,
-    so the two agree cell for cell: a cell in time row `t` of a row of length `L` is kept when
-    `t < max(ceil(L * fraction), 1)`.
-    """
-    fraction = _check_fraction(fraction)
-    cutoff = np.asarray(length_cutoff(np.asarray(source.cell_T), fraction))
-    return np.asarray(source.cell_ts) < cutoff
-
-
 def select_penalty_points(
     sources: Sequence[PenaltyPointSource | None],
     extras: Sequence[ArrayLike | None] = (),
@@ -217,7 +186,8 @@ def select_penalty_points(
     for j, source in enumerate(sources):
         parts = []
         if source is not None and len(source.points):
-            parts.append(np.asarray(source.points)[length_mask_keep(source, fraction)])
+            keep = np.asarray(scored(source.cell_ts, source.cell_T, fraction))
+            parts.append(np.asarray(source.points)[keep])
         extra = extras[j] if extras else None
         if extra is not None and np.size(extra):
             parts.append(np.asarray(extra))
@@ -288,10 +258,7 @@ def box_grid(in_scaler: BoundScaler, n_per_dim: int = 5) -> Float[Array, "G n_in
     An array `[n_per_dim ** n_inputs, n_inputs]` of physical points; the last input varies
     fastest.
     """
-    if isinstance(n_per_dim, bool) or not isinstance(n_per_dim, numbers.Integral):
-        raise TypeError(f"n_per_dim must be an int; got {type(n_per_dim).__name__}")
-    if n_per_dim < 2:
-        raise ValueError(f"n_per_dim must be at least 2; got {n_per_dim}")
+    n_per_dim = check_int(n_per_dim, "box_grid: `n_per_dim`", minimum=2)
     forward, inverse = _WARPS[in_scaler.warp]
     centres = (np.arange(n_per_dim) + 0.5) / n_per_dim
     axes = []

@@ -8,7 +8,6 @@ pass stable module-level functions rather than fresh lambdas.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -17,18 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
+from hybrid_kernels._dispatch import _strong
 from hybrid_kernels._errors import no_host_callbacks
-from hybrid_kernels._kernels import _strong, predict_bucket_obs
-
-__all__ = [
-    "ChannelMetrics",
-    "compute_metrics",
-    "ensemble_predictions",
-    "predict_bucket",
-    "predict_dataset",
-    "predict_dense",
-    "rich_metrics_table",
-]
+from hybrid_kernels._kernels import predict_bucket_obs
+from hybrid_kernels._preflight import check_int
 
 
 @eqx.filter_jit
@@ -90,9 +81,8 @@ def _dense_payload(bp: Any, ts: np.ndarray) -> Any:
         yvar=jnp.ones((N, P, D), bp.yvar.dtype),
         mask=jnp.zeros((N, P, D), bool),
         n_obs=jnp.zeros((), bp.n_obs.dtype),
+        row_lengths=jnp.full((N,), P, bp.row_lengths.dtype),
     )
-    if getattr(bp, "row_lengths", None) is not None:
-        fields["row_lengths"] = jnp.full((N,), P, bp.row_lengths.dtype)
     return bp._replace(**fields)
 
 
@@ -124,8 +114,8 @@ def predict_dense(
             raise ValueError(f"ts_grid must be a non-empty finite rank-1 array; got {grid.shape}")
         if np.any(np.diff(grid) < 0):
             raise ValueError("ts_grid must be sorted in increasing order")
-    elif isinstance(n_points, bool) or not isinstance(n_points, numbers.Integral) or n_points < 2:
-        raise ValueError(f"n_points must be an int >= 2; got {n_points!r}")
+    else:
+        check_int(n_points, "predict_dense: `n_points`", minimum=2)
     out = []
     for bp in dataset.bucket_payloads:
         ts = np.asarray(bp.ts, dtype=np.float64)

@@ -9,6 +9,7 @@ range, the dtype policy) run once per new shape on the host before dispatch.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import jax
@@ -83,6 +84,16 @@ def check_fraction(fraction: Any, what: str = "length_mask_fraction") -> None:
     value = float(arr)
     if not (math.isfinite(value) and 0.0 < value <= 1.0):
         raise ValueError(f"`{what}` must be in (0, 1], got {value!r}.")
+
+
+def check_int(value: Any, what: str, *, minimum: int = 1) -> int:
+    """`value` as an int; `TypeError` unless an integer (bools refused), `ValueError` below
+    `minimum`. `what` names the argument, e.g. "make_dataset: `max_shapes`"."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{what} must be an int, got {value!r}.")
+    if value < minimum:
+        raise ValueError(f"{what} must be an int >= {minimum}, got {value!r}.")
+    return int(value)
 
 
 def check_weight(weight: Any, what: str) -> None:

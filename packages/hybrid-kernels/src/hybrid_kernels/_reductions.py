@@ -29,10 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
+from hybrid_kernels._cells import scored_rows
 from hybrid_kernels._dtypes import default_float
-from hybrid_kernels._kernels import length_cutoff
-
-__all__ = ["REDUCTIONS", "bucket_weights", "combine_bucket_grads"]
 
 REDUCTIONS = ("per_bucket", "per_experiment", "per_observation")
 """The ways bucket losses and gradients combine into one step."""
@@ -40,10 +38,7 @@ REDUCTIONS = ("per_bucket", "per_experiment", "per_observation")
 
 def _kept_mask(bp: Any, fraction: float) -> np.ndarray:
     mask = np.asarray(bp.mask)
-    N, T = mask.shape[:2]
-    lengths = np.full((N,), T) if bp.row_lengths is None else np.asarray(bp.row_lengths)
-    cutoff = np.asarray(length_cutoff(lengths, fraction))
-    return mask & (np.arange(T)[None, :] < cutoff[:, None])[:, :, None]
+    return mask & np.asarray(scored_rows(bp.row_lengths, mask.shape[1], fraction))[:, :, None]
 
 
 def bucket_weights(

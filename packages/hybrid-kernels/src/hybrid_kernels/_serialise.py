@@ -35,8 +35,6 @@ from hybrid_kernels.__about__ import __version__
 from hybrid_kernels._atomic import write_atomic
 from hybrid_kernels._npy import check_npy_header
 
-__all__ = ["load_predictors", "read_predictors_metadata", "save_predictors"]
-
 _MAGIC = b"hybrid-kernels predictors\n"
 _FORMAT = 2
 _DIGEST = hashlib.sha256

@@ -18,8 +18,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 ROW_AXIS = "rows"
 
-__all__ = ["ROW_AXIS", "make_row_mesh", "row_sharding"]
-
 
 def make_row_mesh(devices: Any = None) -> Mesh:
     """A one-axis mesh named `"rows"` over `devices` (default: every visible device)."""

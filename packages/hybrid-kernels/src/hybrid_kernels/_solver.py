@@ -26,14 +26,6 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = [
-    "ADJOINT_REGISTRY",
-    "SOLVER_REGISTRY",
-    "SolverConfig",
-    "register_adjoint",
-    "register_solver",
-]
-
 SOLVER_REGISTRY: dict[str, type] = {
     "Tsit5": diffrax.Tsit5,
     "Kvaerno3": diffrax.Kvaerno3,

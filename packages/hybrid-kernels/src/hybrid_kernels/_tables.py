@@ -16,22 +16,16 @@ from typing import Any
 
 import numpy as np
 
-from hybrid_kernels._data import ChannelObs, Dataset, Experiment, make_experiment
+from hybrid_kernels._data import Dataset
+from hybrid_kernels._experiments import ChannelObs, Experiment, make_experiment
 from hybrid_kernels._inputs import INPUT_KINDS, piecewise_constant, piecewise_linear
-
-__all__ = ["experiments_from_table", "metrics_table", "predictions_table"]
+from hybrid_kernels._optional import require
 
 _WHERE = "experiments_from_table"
 
 
 def _pandas() -> Any:
-    try:
-        import pandas as pd
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "Tables need pandas: install the optional extra, `pip install hybrid-kernels[table]`."
-        ) from e
-    return pd
+    return require("pandas", "table", "Tables")
 
 
 def _read(table: Any, what: str) -> Any:

@@ -17,16 +17,6 @@ import numpy as np
 
 from hybrid_kernels._bounded import BoundScaler
 
-__all__ = [
-    "count_trainable_params",
-    "default_trainable",
-    "freeze_modules_of_type",
-    "freeze_paths",
-    "freeze_where",
-    "path_str",
-    "trainable_mask",
-]
-
 
 def default_trainable(leaf: Any) -> bool:
     """The default predicate: a leaf trains when it is an inexact (float/complex) array."""

@@ -16,7 +16,6 @@ losses stay as they are.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -24,20 +23,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 from hybrid_kernels._bounded import BoundScaler
-
-__all__ = [
-    "attach_penalty_state",
-    "penalty_integral",
-    "penalty_vector_field",
-    "strip_penalty_state",
-    "trajectory_saturation_penalty",
-]
-
-
-def _check_count(n: Any) -> int:
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-        raise ValueError(f"n (the number of penalty accumulators) must be an int >= 1; got {n!r}")
-    return int(n)
+from hybrid_kernels._preflight import check_int
 
 
 def _check_state(state: Array, n: int, name: str) -> None:
@@ -50,7 +36,7 @@ def _check_state(state: Array, n: int, name: str) -> None:
 
 def attach_penalty_state(y0: Float[ArrayLike, " S"], n: int = 1) -> Float[Array, " S+n"]:
     """Append `n` zero accumulators to the physical initial state `y0 [S]`."""
-    n = _check_count(n)
+    n = check_int(n, "`n` (the number of penalty accumulators)")
     y0 = jnp.asarray(y0)
     if y0.ndim != 1 or y0.shape[0] < 1:
         raise ValueError(f"y0 must be a non-empty rank-1 state; got shape {y0.shape}")
@@ -102,7 +88,7 @@ def penalty_vector_field(
 
 def strip_penalty_state(state: Float[ArrayLike, "... S+n"], n: int = 1) -> Float[Array, "... S"]:
     """Drop the `n` trailing accumulators: `[..., S+n] -> [..., S]`."""
-    n = _check_count(n)
+    n = check_int(n, "`n` (the number of penalty accumulators)")
     state = jnp.asarray(state)
     _check_state(state, n, "state")
     return state[..., :-n]
@@ -113,7 +99,7 @@ def penalty_integral(state: Float[ArrayLike, "... T S+n"], n: int = 1) -> Float[
 
     With zero initial accumulators this is each penalty's time integral over the solve.
     """
-    n = _check_count(n)
+    n = check_int(n, "`n` (the number of penalty accumulators)")
     state = jnp.asarray(state)
     _check_state(state, n, "state")
     if state.ndim < 2:

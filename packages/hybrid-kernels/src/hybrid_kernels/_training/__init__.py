@@ -26,7 +26,7 @@ How a run walks, one way, from `train_with_optax` (`trainer.py`) to its last ste
     snapshot with `restore_best`) and their loss.
 """
 
-from hybrid_kernels._training.config import OPTIMIZER_REGISTRY, OptaxTrainingConfig
+from hybrid_kernels._training.config import OptaxTrainingConfig
 from hybrid_kernels._training.ensembles import train_bootstrap_ensemble, train_seed_ensemble
 from hybrid_kernels._training.history import LossHistory, NonFiniteTrainingError
 from hybrid_kernels._training.hooks import BetweenStepsHook
@@ -50,7 +50,6 @@ from hybrid_kernels._training.ui import (
 )
 
 __all__ = [
-    "OPTIMIZER_REGISTRY",
     "BetweenStepsHook",
     "LogUI",
     "LossHistory",

@@ -17,8 +17,6 @@ from typing import Any
 import numpy as np
 import optax
 
-__all__ = ["OPTIMIZER_REGISTRY", "OptaxTrainingConfig", "OptimizerSpec"]
-
 OptimizerSpec = str | Callable[..., optax.GradientTransformation] | optax.GradientTransformation
 
 # Names accepted in `OptaxTrainingConfig.optimizer`. Each is an optax alias taking

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hybrid_kernels._data import make_bootstrap_dataset
+from hybrid_kernels._splits import make_bootstrap_dataset
 from hybrid_kernels._training._engine import Model
 from hybrid_kernels._training._loop import train
 from hybrid_kernels._training._setup import (
@@ -30,8 +30,6 @@ from hybrid_kernels._training.config import OptaxTrainingConfig
 from hybrid_kernels._training.reinit import fold_key
 from hybrid_kernels._training.tournament import run_tournament
 from hybrid_kernels._training.ui import TrainingUI
-
-__all__ = ["train_bootstrap_ensemble", "train_seed_ensemble"]
 
 
 def _member_config(config: OptaxTrainingConfig, name: str) -> OptaxTrainingConfig:

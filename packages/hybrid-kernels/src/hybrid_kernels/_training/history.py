@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LossHistory", "NonFiniteTrainingError"]
-
 
 class LossHistory(list):
     """The per-step training loss (a `list[float]`), with the rest of the run's record.

@@ -22,8 +22,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-__all__ = ["BetweenStepsHook"]
-
 
 @runtime_checkable
 class BetweenStepsHook(Protocol):

@@ -13,8 +13,6 @@ import numpy as np
 
 from hybrid_kernels._prediction import predict_dense
 
-__all__ = ["plot_fit", "plot_history"]
-
 
 def _pyplot() -> Any:
     try:

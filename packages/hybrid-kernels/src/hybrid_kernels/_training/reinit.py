@@ -9,8 +9,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-__all__ = ["fold_key", "reinitialise"]
-
 
 def fold_key(key: Any, name: str) -> Any:
     """A subkey of `key` named by `name`: the same name always gives the same subkey.

@@ -35,14 +35,13 @@ import numpy as np
 import optax
 
 from hybrid_kernels.__about__ import __version__
+from hybrid_kernels._atomic import _fsync_folder, write_atomic
 from hybrid_kernels._serialise import load_predictors, save_predictors
 from hybrid_kernels._solver import SolverConfig
 from hybrid_kernels._trainable import count_trainable_params, path_str
 from hybrid_kernels._training.config import OptaxTrainingConfig
 from hybrid_kernels._training.history import LossHistory
 from hybrid_kernels._training.state import TrainingState, load_training_state, save_training_state
-
-__all__ = ["SavedRun", "load_run", "save_run"]
 
 _FORMAT = "hybrid_kernels.run"
 _VERSION = 1
@@ -272,11 +271,10 @@ def save_run(
         save_predictors(staging / _PREDICTORS, predictors)
         if state is not None:
             save_training_state(staging / _STATE, state)
-        with open(staging / _MANIFEST, "w") as f:
-            json.dump({**manifest, "checksum": _checksum(manifest)}, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
+        body = json.dumps({**manifest, "checksum": _checksum(manifest)}, indent=1)
+        write_atomic(staging / _MANIFEST, body.encode())
         _swap_into_place(staging, path)
+        _fsync_folder(path.parent)  # makes the swap itself durable
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

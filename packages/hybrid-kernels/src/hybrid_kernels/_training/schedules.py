@@ -13,8 +13,6 @@ import math
 import jax.numpy as jnp
 import optax
 
-__all__ = ["ANNEALING_KINDS", "annealing_schedule"]
-
 ANNEALING_KINDS = ("constant", "cosine", "exponential", "linear", "warmup_cosine")
 # A geometric decay cannot reach 0; by default it falls two decades.
 _EXPONENTIAL_END_FRACTION = 1e-2

@@ -37,8 +37,6 @@ import numpy as np
 from hybrid_kernels._atomic import write_atomic
 from hybrid_kernels._npy import read_npy
 
-__all__ = ["TrainingState", "load_training_state", "save_training_state"]
-
 _FORMAT = "hybrid_kernels.TrainingState"
 _VERSION = 2
 _TREES = ("predictors", "opt_state", "best_predictors")

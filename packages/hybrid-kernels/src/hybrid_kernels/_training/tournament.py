@@ -23,8 +23,6 @@ from hybrid_kernels._training._setup import Setup
 from hybrid_kernels._training._step import StepInputs, new_carry, strong, take_step
 from hybrid_kernels._training.reinit import fold_key, reinitialise
 
-__all__ = ["TOURNAMENT_FAILURES", "run_tournament"]
-
 TOURNAMENT_FAILURES: tuple[type[BaseException], ...] = (
     FloatingPointError,
     jax.errors.JaxRuntimeError,

@@ -17,8 +17,6 @@ from hybrid_kernels._training.config import OptaxTrainingConfig
 from hybrid_kernels._training.history import LossHistory
 from hybrid_kernels._training.ui import TrainingUI
 
-__all__ = ["train_with_optax"]
-
 
 def train_with_optax(
     predictors: Any,

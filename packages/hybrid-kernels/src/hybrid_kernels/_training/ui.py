@@ -14,8 +14,6 @@ from typing import Any, TextIO
 
 import jax
 
-__all__ = ["LogUI", "RecordingUI", "RichUI", "SilentUI", "TrainingUI", "default_ui"]
-
 _EVENTS = (
     "on_run_start",
     "on_compile_start",

@@ -1,17 +1,30 @@
-"""Tiny models shared by the `test_train_*` files.
+"""Tiny models and helpers shared by the hybrid-kernels tests (`from helpers import ...`).
 
-Every distinct (model, bucket shape) pair costs one ODE kernel compile (seconds on a 2-core
-CPU), and the trainer caches kernels per model, so these tests reuse few models and one bucket
-shape: three oscillator experiments of ten points each (one bucket, N=3, T=10).
+Each model is small enough that a diffrax kernel compiles in a couple of seconds:
 
-- The conftest `oscillator` (ω = 1.3) for most behaviour.
+- `decay`: `dy/dt = -k y`, one state, one observed channel; predictors `(Rate(k),)`.
+- `oscillator`: `x'' = -ω² x`, state `[x, v]`, position observed; predictors `(Omega(ω),)`.
 - `FlagModel`: the oscillator plus an int32 metadata leaf and a trace counter; a penalty that
   is NaN while the flag is set makes chosen steps non-finite (safe steps, hooks, recompiles).
-- `rate_model`: a `BoundedPredictor` rate in a decay model, for the bound penalty.
+- `rate_*`: a `BoundedPredictor` rate in a decay model, for the bound penalty.
+
+A [`Model`][] holds the predictors at their *true* values, `simulate_fn`, `state_to_output`,
+a `solver`, and `experiments(lengths, ...)` that builds noise-free (or noisy) experiments of
+the given union lengths from the analytic solution. The callables are module-level functions,
+so kernels built from them in different test modules share one compile cache.
+
+Every distinct (model, bucket shape) pair costs one ODE kernel compile (seconds on a 2-core
+CPU), so the training tests reuse few models and one bucket shape: three oscillator
+experiments of ten points each (`osc_dataset`: one bucket, N=3, T=10).
+
+This module never changes jax's configuration: float64 is switched on in `conftest.py`, so
+subprocess tests that import these helpers keep jax's defaults.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import diffrax
@@ -21,14 +34,159 @@ import jax.numpy as jnp
 import numpy as np
 
 import hybrid_kernels as hk
-from conftest import Model, Omega, _osc_truth, oscillator_simulate, position_output, tiny_solver
+
+
+class Rate(eqx.Module):
+    """A single trainable rate constant `k`."""
+
+    k: Any
+
+    def __call__(self):
+        return self.k
+
+
+class Omega(eqx.Module):
+    """A single trainable angular frequency `omega`."""
+
+    omega: Any
+
+    def __call__(self):
+        return self.omega
+
+
+def decay_simulate(predictors, ts, covariates, y0, solver):
+    (rate,) = predictors
+
+    def vf(t, y, args):
+        return -rate() * covariates["scale"] * y
+
+    return solver.diffeqsolve(diffrax.ODETerm(vf), ts, y0).ys
+
+
+def oscillator_simulate(predictors, ts, covariates, y0, solver):
+    (omega,) = predictors
+
+    def vf(t, y, args):
+        return jnp.stack([y[1], -(omega() ** 2) * y[0]])
+
+    return solver.diffeqsolve(diffrax.ODETerm(vf), ts, y0).ys
+
+
+def oscillator_simulate_args(predictors, ts, covariates, y0, solver):
+    """The oscillator with predictors threaded through diffrax `args` (BacksolveAdjoint-safe)."""
+
+    def vf(t, y, args):
+        (omega,) = args
+        return jnp.stack([y[1], -(omega() ** 2) * y[0]])
+
+    return solver.diffeqsolve(diffrax.ODETerm(vf), ts, y0, args=predictors).ys
+
+
+def identity_output(full):
+    return full
+
+
+def position_output(full):
+    return full[:, :1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A tiny test model: true predictors, callables, a solver and an experiment factory."""
+
+    predictors: Any
+    simulate_fn: Callable
+    state_to_output: Callable
+    solver: hk.SolverConfig
+    truth: Callable[[np.ndarray, dict, np.ndarray], np.ndarray]
+    y0: Callable[[int], np.ndarray]
+    channel: str = "y"
+
+    def experiments(
+        self,
+        lengths: Sequence[int],
+        *,
+        t1: float = 2.0,
+        noise: float = 0.0,
+        seed: int = 0,
+        dtype: Any = np.float64,
+    ) -> list[hk.Experiment]:
+        """One experiment per entry of `lengths`, with that many distinct observation times."""
+        rng = np.random.default_rng(seed)
+        exps = []
+        for i, L in enumerate(lengths):
+            ts = np.linspace(0.0, t1 * (0.5 + 0.5 * (i % 3) / 2), int(L)).astype(dtype)
+            covs = {"scale": np.asarray(1.0 + 0.1 * (i % 4), dtype)}
+            y0 = self.y0(i).astype(dtype)
+            ys = self.truth(ts, covs, y0) + noise * rng.standard_normal(int(L))
+            exps.append(
+                hk.make_experiment(
+                    covariates=covs,
+                    channels={self.channel: hk.ChannelObs(ts, ys.astype(dtype), 0.01)},
+                    y0_fn=lambda c, ch, y0=y0: y0,
+                    exp_id=f"exp{i}",
+                )
+            )
+        return exps
+
+    def dataset(self, lengths: Sequence[int], **kwargs: Any) -> hk.Dataset:
+        make_kw = {k: kwargs.pop(k) for k in ("bucket_policy", "max_shapes", "mesh") if k in kwargs}
+        return hk.make_dataset(
+            self.experiments(lengths, **kwargs), output_channel_names=[self.channel], **make_kw
+        )
+
+
+def tiny_solver(**kwargs: Any) -> hk.SolverConfig:
+    """Tsit5 with loose-but-meaningful tolerances and the fast-compiling DirectAdjoint."""
+    opts: dict[str, Any] = dict(
+        solver=diffrax.Tsit5(),
+        rtol=1e-6,
+        atol=1e-8,
+        max_steps=512,
+        dt0=0.05,
+        adjoint=diffrax.DirectAdjoint(),
+    )
+    opts.update(kwargs)
+    return hk.SolverConfig(**opts)
+
+
+def _decay_truth(k):
+    def truth(ts, covs, y0):
+        return y0[0] * np.exp(-k * covs["scale"] * ts)
+
+    return truth
+
+
+def _osc_truth(omega):
+    def truth(ts, covs, y0):
+        return y0[0] * np.cos(omega * ts) + y0[1] / omega * np.sin(omega * ts)
+
+    return truth
+
+
+# --- shared by the training tests ------------------------------------------------------
 
 LENGTHS = (10, 10, 10)
 OMEGA_TRUE = 1.3
 
 
+def decay_model() -> Model:
+    """Exponential decay with true rate k = 0.7 (the `decay` fixture)."""
+    return Model(
+        predictors=(Rate(jnp.asarray(0.7)),),
+        simulate_fn=decay_simulate,
+        state_to_output=identity_output,
+        solver=tiny_solver(),
+        truth=_decay_truth(0.7),
+        y0=lambda i: np.array([1.0 + 0.25 * i]),
+    )
+
+
 def oscillator_model() -> Model:
-    """The conftest `oscillator` fixture's model, for subprocesses that cannot use fixtures."""
+    """Harmonic oscillator, true ω = 1.3, position observed (the `oscillator` fixture).
+
+    Subprocess tests, which cannot use fixtures, call it directly.
+    """
     return Model(
         predictors=(Omega(jnp.asarray(OMEGA_TRUE)),),
         simulate_fn=oscillator_simulate,
@@ -157,10 +315,6 @@ def rate_simulate(predictors, ts, covariates, y0, solver):
     return solver.diffeqsolve(diffrax.ODETerm(vf), ts, y0).ys
 
 
-def identity(full):
-    return full
-
-
 RATE_SOLVER = tiny_solver()
 
 
@@ -197,7 +351,7 @@ def rate_train(dataset: Any, config: Any, start: Any = None, **kwargs: Any):
         dataset,
         config,
         simulate_fn=rate_simulate,
-        state_to_output=identity,
+        state_to_output=identity_output,
         solver=RATE_SOLVER,
         **kwargs,
     )
