@@ -14,6 +14,7 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 import confluent_bank as cb
+import confluent_bank.optax as cb_optax
 import hybrid_kernels as hk
 
 import hybrid_problem as P
@@ -68,7 +69,7 @@ def birth(bank, trainable):
         opt_state,
         between_steps=True,
         acceptance=lambda b, p: True,
-        state_adapter=cb.optax.commit_adapter(),
+        state_adapter=cb_optax.commit_adapter(),
     )
     assert accepted
     return new_bank

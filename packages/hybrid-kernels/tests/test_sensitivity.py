@@ -1,6 +1,11 @@
 """Forward or reverse sensitivities: the same gradients either way, and what `"auto"` picks."""
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import diffrax
 import equinox as eqx
@@ -181,6 +186,73 @@ def test_chunked_tangents_give_the_unchunked_gradient():
     assert grads["frozen"] is None
     np.testing.assert_allclose(grads["a"], reference["a"], rtol=1e-14)
     np.testing.assert_allclose(grads["b"], reference["b"], rtol=1e-14)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["forward", "reverse"])
+def test_gradients_on_the_gpu_match_the_cpu(decay_bucket, mode):
+    step = hk.build_bucket_step(
+        decay_simulate, identity_output, tiny_solver(sensitivity=mode), hk.masked_mse, True
+    )
+    out = {}
+    for platform in ("cpu", "gpu"):
+        device = jax.devices(platform)[0]
+        predictors, bp = jax.device_put(((Rate(jnp.asarray(0.5)),), decay_bucket), device)
+        loss, grads = step(predictors, bp, 1.0)
+        out[platform] = (float(loss), np.asarray(flat(grads)))
+    (lc, gc), (lg, gg) = out["cpu"], out["gpu"]
+    assert lg == pytest.approx(lc, rel=1e-8)  # float64 on two backends' math libraries
+    assert np.linalg.norm(gg - gc) <= 1e-8 * np.linalg.norm(gc)
+
+
+SHARDED = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import jax
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp
+import numpy as np
+import hybrid_kernels as hk
+from conftest import Rate, decay_simulate, identity_output, tiny_solver
+
+assert jax.device_count() == 4
+exps = [
+    hk.make_experiment(
+        covariates={{"scale": 1.0 + 0.1 * i}},
+        channels={{"y": hk.ChannelObs(np.linspace(0, 2, 5), np.exp(-0.7 * np.linspace(0, 2, 5)))}},
+        y0_fn=lambda c, ch: np.array([1.0]),
+        exp_id=f"e{{i}}",
+    )
+    for i in range(6)
+]
+(bp,) = hk.make_dataset(exps, output_channel_names=["y"]).bucket_payloads
+out = {{}}
+for mode in ("forward", "reverse"):
+    step = hk.build_bucket_step(
+        decay_simulate, identity_output, tiny_solver(sensitivity=mode), hk.masked_mse, True
+    )
+    loss, grads = step((Rate(jnp.asarray(0.5)),), bp, 1.0)
+    out[mode] = [float(loss), float(grads[0].k), grads[0].k.sharding.is_fully_replicated]
+out["n_devices"] = len(bp.ts.sharding.device_set)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_forward_mode_on_rows_sharded_over_four_devices_matches_reverse(tmp_path):
+    script = tmp_path / "run.py"
+    script.write_text(SHARDED.format(tests=str(Path(__file__).parent)))
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=900
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["n_devices"] == 4
+    (lf, gf, replicated), (lr, gr, _) = result["forward"], result["reverse"]
+    assert replicated
+    assert lf == pytest.approx(lr, rel=1e-13)
+    assert gf == pytest.approx(gr, rel=AGREE)
 
 
 # --- what "auto" picks ------------------------------------------------------------------------
