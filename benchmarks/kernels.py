@@ -2,7 +2,9 @@
 
 Workloads: 64 experiments with 50/100/200 points ("three lengths"), and 64 experiments of 64
 distinct lengths between 50 and 200 ("distinct lengths"). Models: logistic growth with one
-rate, and an oscillator whose damping is a 1-16-16-1 MLP of the velocity.
+rate, an oscillator whose damping is a 1-16-16-1 MLP of the velocity (322 scalars), a 4-rate
+Lotka-Volterra model, and a confluent bank of 8 slots inside an ODE (88 scalars; needs the
+`confluent-bank` package too).
 
 Measured, each against a baseline timed in the same run:
 
@@ -13,7 +15,13 @@ Measured, each against a baseline timed in the same run:
   (b) the "exact" bucket policy (one compiled shape per distinct length);
 - the forward-only score sweep, against the steady-state full step;
 - time to the first step in a second process with JAX's persistent compilation cache, against
-  the first process (kernels built with `SolverConfig(throw=False)`).
+  the first process (kernels built with `SolverConfig(throw=False)`);
+- `sensitivity`: ours with `SolverConfig(sensitivity="auto")` (and, with `--sensitivities`,
+  forced "forward"/"reverse") against the floor with diffrax's default adjoint
+  (`RecursiveCheckpointAdjoint`, the reference of these ratios) and with `DirectAdjoint`:
+  cold first full step (fresh processes) and steady full step, with the mode "auto" chose;
+- `crossover`: forward against reverse `bucket_step` as the trainable scalars grow (the
+  oscillator with a 1-w-1 damping MLP), which is where "auto" switches.
 
 Run: `python benchmarks/kernels.py` (about 20 minutes on a 2-core CPU) or `--quick` (a smoke
 test of a minute or two: compiling even the smallest ODE kernel takes seconds). `--parts`
