@@ -10,6 +10,8 @@ them.
 - ``build``        wheel + sdist per package, then each wheel installed alone and imported
 - ``demo``         the main job: a confluent bank trained inside an ODE (``examples/demo.py``)
 - ``bench``        the benchmarks in ``benchmarks/`` (posargs go to each script: ``-- --quick``)
+- ``gpu``          the whole accelerator check on a CUDA machine, one JSON report in
+                   ``gpu-report/`` (``.ci/gpu_report.py``); fails at once off a GPU
 
 Set ``HYBRID_CUDA=1`` (or pass ``-- --cuda`` to ``integration``/``demo``) on a CUDA machine to
 install ``jax[cuda12]`` instead of the CPU wheels.
@@ -190,3 +192,22 @@ def bench(session: nox.Session) -> None:
             continue
         session.log(f"--- {script.name}")
         session.run("python", str(script), *session.posargs)
+
+
+GPU_REPORT = ROOT / ".ci" / "gpu_report.py"
+
+
+@nox.session
+def gpu(session: nox.Session) -> None:
+    """On a CUDA machine: gpu-marked tests, integration suite, scaled-up demo, kernel benchmark
+    in both sensitivity modes; writes ``gpu-report/report.json`` (``-- --quick``: smaller)."""
+    # Before installing anything: off a GPU this fails at once, with the reason.
+    session.run("python", str(GPU_REPORT), "check")
+    session.install(
+        f"{PACKAGES['confluent-bank'][1]}[test,optax]",
+        f"{PACKAGES['hybrid-kernels'][1]}[test,plot]",
+        *_jax_requirements(JAX_NEWEST, cuda=True),
+    )
+    session.run(
+        "python", str(GPU_REPORT), "run", "--out", str(ROOT / "gpu-report"), *session.posargs
+    )

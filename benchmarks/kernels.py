@@ -2,7 +2,9 @@
 
 Workloads: 64 experiments with 50/100/200 points ("three lengths"), and 64 experiments of 64
 distinct lengths between 50 and 200 ("distinct lengths"). Models: logistic growth with one
-rate, and an oscillator whose damping is a 1-16-16-1 MLP of the velocity.
+rate, an oscillator whose damping is a 1-16-16-1 MLP of the velocity (322 scalars), a 4-rate
+Lotka-Volterra model, and a confluent bank of 8 slots inside an ODE (88 scalars; needs the
+`confluent-bank` package too).
 
 Measured, each against a baseline timed in the same run:
 
@@ -13,7 +15,13 @@ Measured, each against a baseline timed in the same run:
   (b) the "exact" bucket policy (one compiled shape per distinct length);
 - the forward-only score sweep, against the steady-state full step;
 - time to the first step in a second process with JAX's persistent compilation cache, against
-  the first process (kernels built with `SolverConfig(throw=False)`).
+  the first process (kernels built with `SolverConfig(throw=False)`);
+- `sensitivity`: ours with `SolverConfig(sensitivity="auto")` (and, with `--sensitivities`,
+  forced "forward"/"reverse") against the floor with diffrax's default adjoint
+  (`RecursiveCheckpointAdjoint`, the reference of these ratios) and with `DirectAdjoint`:
+  cold first full step (fresh processes) and steady full step, with the mode "auto" chose;
+- `crossover`: forward against reverse `bucket_step` as the trainable scalars grow (the
+  oscillator with a 1-w-1 damping MLP), which is where "auto" switches.
 
 Run: `python benchmarks/kernels.py` (about 20 minutes on a 2-core CPU) or `--quick` (a smoke
 test of a minute or two: compiling even the smallest ODE kernel takes seconds). `--parts`
@@ -109,7 +117,102 @@ def oscillator_model():
     return experiment, (DampedOscillator(jnp.asarray(0.8), mlp),), oscillator_simulate
 
 
-MODELS = {"logistic": logistic_model, "oscillator": oscillator_model}
+class LotkaVolterra(eqx.Module):
+    alpha: jax.Array
+    beta: jax.Array
+    gamma: jax.Array
+    delta: jax.Array
+
+
+def lotka_volterra_simulate(predictors, ts, covariates, y0, solver):
+    (p,) = predictors
+
+    def vf(t, y, args):
+        prey, predator = y[0], y[1]
+        return jnp.stack(
+            [
+                p.alpha * prey - p.beta * prey * predator,
+                p.delta * prey * predator - p.gamma * predator,
+            ]
+        )
+
+    return solver.diffeqsolve(diffrax.ODETerm(vf), ts, y0).ys
+
+
+def lotka_volterra_model():
+    def experiment(i, n_points, rng):
+        x0 = rng.uniform(0.8, 1.2)
+        ts = np.linspace(0.0, 10.0, n_points)
+        xs = x0 * (1 + 0.3 * np.sin(1.1 * ts)) + rng.normal(0, 0.01, n_points)
+        return hk.make_experiment(
+            covariates={"x0": x0},
+            channels={"x": hk.ChannelObs(ts, xs)},
+            y0_fn=lambda cov, ch: jnp.stack([cov["x0"], 0.5 + 0.0 * cov["x0"]]),
+            exp_id=f"e{i}",
+        )
+
+    rates = LotkaVolterra(*(jnp.asarray(v) for v in (1.1, 0.4, 0.4, 0.1)))
+    return experiment, (rates,), lotka_volterra_simulate
+
+
+def bank_simulate(predictors, ts, covariates, y0, solver):
+    (bank,) = predictors
+
+    def vf(t, y, args):
+        return -0.6 * y + bank.forward(y)
+
+    return solver.diffeqsolve(diffrax.ODETerm(vf), ts, y0).ys
+
+
+def bank_model():
+    import confluent_bank as cb  # the benchmark's one use of the other package
+
+    def experiment(i, n_points, rng):
+        x0 = rng.uniform(-2.0, 2.0)
+        ts = np.linspace(0.0, 3.0, n_points)
+        xs = x0 * np.exp(-0.4 * ts) + rng.normal(0, 0.01, n_points)
+        return hk.make_experiment(
+            covariates={"x0": x0},
+            channels={"x": hk.ChannelObs(ts, xs)},
+            y0_fn=lambda cov, ch: jnp.reshape(cov["x0"], (1,)),
+            exp_id=f"e{i}",
+        )
+
+    centres, weights = np.linspace(-1.5, 1.5, 6), 0.05 * np.array([1, -1, 1, -1, 1, -1.0])
+    packs = [
+        cb.RefinedPack(0, float(c), float(w), 2.0) for c, w in zip(centres, weights, strict=True)
+    ]
+    bank = cb.init_confluent_bank(packs, max_packs=8, max_order=3)
+    return experiment, (bank,), bank_simulate
+
+
+class Width(eqx.Module):
+    omega: jax.Array
+    damping: eqx.nn.MLP
+
+
+def width_model(width):
+    """The oscillator with a 1-`width`-1 damping MLP: `3 * width + 2` trainable scalars."""
+
+    def model():
+        experiment, _, _ = oscillator_model()
+        mlp = eqx.nn.MLP(1, 1, width, 1, activation=jax.nn.tanh, key=jax.random.key(0))
+        mlp = jax.tree_util.tree_map(lambda x: x * 0.1 if eqx.is_inexact_array(x) else x, mlp)
+        return experiment, (DampedOscillator(jnp.asarray(0.8), mlp),), oscillator_simulate
+
+    return model
+
+
+MODELS = {
+    "logistic": logistic_model,
+    "oscillator": oscillator_model,
+    "lotka_volterra": lotka_volterra_model,
+    "bank": bank_model,
+}
+BENCH_MODELS = tuple(MODELS)
+CROSSOVER_WIDTHS = (1, 2, 4, 6, 10, 21)  # 5, 8, 14, 20, 32 and 65 trainable scalars
+for _w in CROSSOVER_WIDTHS:
+    MODELS[f"width{_w}"] = width_model(_w)
 
 
 def make_experiments(model, lengths, seed=0):
@@ -121,7 +224,7 @@ def make_experiments(model, lengths, seed=0):
 ADJOINTS = {"direct": diffrax.DirectAdjoint, "recursive": diffrax.RecursiveCheckpointAdjoint}
 
 
-def solver_config(adjoint="direct", throw=True):
+def solver_config(adjoint="direct", throw=True, sensitivity="auto"):
     return hk.SolverConfig(
         diffrax.Tsit5(),
         rtol=1e-5,
@@ -130,7 +233,24 @@ def solver_config(adjoint="direct", throw=True):
         dt0=0.01,
         adjoint=ADJOINTS[adjoint](),
         throw=throw,
+        sensitivity=sensitivity,
     )
+
+
+class Recorded:
+    """`simulate_fn` that records the sensitivity each trace resolved (what "auto" chose)."""
+
+    def __init__(self, fn):
+        self.fn, self.modes = fn, set()
+
+    def __call__(self, predictors, ts, covariates, y0, solver):
+        self.modes.add(solver.sensitivity)
+        return self.fn(predictors, ts, covariates, y0, solver)
+
+
+def n_trainable(predictors):
+    leaves = jax.tree_util.tree_leaves(eqx.filter(predictors, eqx.is_inexact_array))
+    return int(sum(x.size for x in leaves))
 
 
 def l2(predictors, points):
@@ -146,7 +266,8 @@ def ours(model, dataset, solver):
     _, predictors, simulate = MODELS[model]()
     trainable = hk.trainable_mask(predictors)
     optimizer = optax.adam(1e-3)
-    bucket_step = hk.build_bucket_step(simulate, first_component, solver, hk.masked_mse, trainable)
+    recorded = Recorded(simulate)
+    bucket_step = hk.build_bucket_step(recorded, first_component, solver, hk.masked_mse, trainable)
     score_bucket = hk.build_score_bucket(simulate, first_component, solver, hk.masked_mse)
     penalty_step = hk.build_penalty_step(l2, trainable)
     apply_update = hk.build_apply_update(optimizer, trainable)
@@ -169,6 +290,7 @@ def ours(model, dataset, solver):
         losses = [score_bucket(state["p"], bp, fraction) for bp in dataset.bucket_payloads]
         return jax.block_until_ready(losses)
 
+    step.modes = recorded.modes  # filled when bucket_step is traced
     return step, sweep
 
 
@@ -231,7 +353,7 @@ def distinct_lengths(args):
 
 
 def dataset_for(model, lengths, policy, max_shapes):
-    channel = ("y",) if model == "logistic" else ("x",)
+    channel = ("y",) if model == "logistic" else ("x",)  # every other model observes "x"
     return hk.make_dataset(
         make_experiments(model, lengths),
         output_channel_names=channel,
@@ -255,12 +377,19 @@ def first_step_child(spec):
         data = eqx.tree_at(
             lambda d: d.bucket_payloads, data, tuple(data.bucket_payloads[i] for i in spec["pick"])
         )
-    solver = solver_config(spec["adjoint"], throw=spec.get("throw", True))
+    solver = solver_config(
+        spec["adjoint"], throw=spec.get("throw", True), sensitivity=spec.get("sensitivity", "auto")
+    )
     start = time.perf_counter()
-    step, _ = ours(spec["model"], data, solver)
+    if spec.get("kind") == "floor":
+        step, modes = floor(spec["model"], data, solver), ["reverse"]
+    else:
+        step, _ = ours(spec["model"], data, solver)
+        modes = step.modes
     step()
     seconds = time.perf_counter() - start
-    print(json.dumps({"seconds": seconds, "n_shapes": len(data.bucket_payloads)}))
+    out = {"seconds": seconds, "n_shapes": len(data.bucket_payloads), "modes": sorted(modes)}
+    print(json.dumps(out))
 
 
 def cold_first_step(**spec):
@@ -376,6 +505,102 @@ def bench_cache(model, args, rows):
     rows.append({"model": model, "workload": "cache", "first_s": times[0], "second_s": times[1]})
 
 
+def bench_sensitivity(model, args, rows):
+    """Ours with each of `args.sensitivities` against the floor with diffrax's default adjoint
+    (`RecursiveCheckpointAdjoint`, the reference of every ratio) and with `DirectAdjoint`."""
+    three = three_lengths(args)
+    data = dataset_for(model, three, "padded", args.max_shapes)
+    n = n_trainable(MODELS[model]()[1])
+    log(f"\n[{model}] sensitivities, {n} trainable scalars, {args.n_experiments} experiments")
+    steps = {f"floor {a}": floor(model, data, solver_config(a)) for a in ("recursive", "direct")}
+    for mode in args.sensitivities:
+        step, _ = ours(model, data, solver_config("recursive", sensitivity=mode))
+        steps[f"ours {mode}"] = step
+    for _ in range(3):  # compile, then settle every variant
+        for fn in steps.values():
+            fn()
+    times = {k: [] for k in steps}
+    for _ in range(args.reps):  # interleaved, so load on a shared CPU hits every variant alike
+        for k, fn in steps.items():
+            times[k].append(timed(fn))
+    steady = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+    cold = {}
+    common = {"model": model, "lengths": three, "policy": "padded", "max_shapes": args.max_shapes}
+    for adjoint in ("recursive", "direct"):
+        cold[f"floor {adjoint}"] = cold_first_step(kind="floor", adjoint=adjoint, **common)
+    for mode in args.sensitivities:
+        cold[f"ours {mode}"] = cold_first_step(adjoint="recursive", sensitivity=mode, **common)
+    ref_steady, ref_cold = steady["floor recursive"], cold["floor recursive"]["seconds"]
+    for k in steps:
+        chosen = f" (chose {'/'.join(cold[k]['modes'])})" if k.startswith("ours") else ""
+        log(
+            f"  {k:<16} first step {cold[k]['seconds']:7.2f} s "
+            f"({cold[k]['seconds'] / ref_cold:.2f}x)  steady {steady[k]:8.2f} ms "
+            f"({steady[k] / ref_steady:.2f}x){chosen}"
+        )
+        rows.append(
+            {
+                "model": model,
+                "workload": "sensitivity",
+                "variant": k,
+                "n_trainable": n,
+                "modes": cold[k]["modes"],
+                "first_step_s": cold[k]["seconds"],
+                "steady_ms": steady[k],
+                "cold_ratio": cold[k]["seconds"] / ref_cold,
+                "steady_ratio": steady[k] / ref_steady,
+            }
+        )
+
+
+def bench_crossover(args, rows):
+    """Forward against reverse bucket steps as the number of trainable scalars grows (the
+    oscillator with a 1-w-1 damping MLP, one bucket shape): where `"auto"` should switch."""
+    lengths = [max(args.lengths)] * args.n_experiments
+    log(f"\n[crossover] {args.n_experiments} experiments of {lengths[0]} points, one shape")
+    one = jnp.asarray(1.0, dtype=jnp.result_type(float))
+    for width in args.crossover_widths:
+        model = f"width{width}"
+        MODELS.setdefault(model, width_model(width))
+        (bp,) = dataset_for(model, lengths, "padded", 1).bucket_payloads
+        _, predictors, simulate = MODELS[model]()
+        n = n_trainable(predictors)
+        calls, first, reps = {}, {}, {"forward": [], "reverse": []}
+        for mode in reps:
+            solver = solver_config("recursive", sensitivity=mode)
+            step = hk.build_bucket_step(simulate, first_component, solver, hk.masked_mse, True)
+            calls[mode] = lambda step=step: jax.block_until_ready(step(predictors, bp, one))
+            first[mode] = timed(calls[mode])  # trace + compile + run, in this process
+        for _ in range(args.reps):  # interleaved, as in the other parts
+            for mode, call in calls.items():
+                reps[mode].append(timed(call))
+        result = {m: (first[m], 1e3 * statistics.median(reps[m])) for m in reps}
+        (ff, fs), (rf, rs) = result["forward"], result["reverse"]
+        log(
+            f"  {n:4d} scalars: first call forward {ff:6.2f} s, reverse {rf:6.2f} s "
+            f"({ff / rf:.2f}x); steady forward {fs:8.2f} ms, reverse {rs:8.2f} ms ({fs / rs:.2f}x)"
+        )
+        rows.append(
+            {
+                "model": model,
+                "workload": "crossover",
+                "n_trainable": n,
+                "forward_first_s": ff,
+                "reverse_first_s": rf,
+                "forward_steady_ms": fs,
+                "reverse_steady_ms": rs,
+            }
+        )
+
+
+SENSITIVITY_TARGETS = {  # (cold first step, steady full step) against the default-adjoint floor
+    "logistic": (0.65, 1.0),
+    "lotka_volterra": (0.65, 0.9),
+    "oscillator": (None, 1.05),
+    "bank": (None, 1.05),
+}
+
+
 def summary(rows):
     log("\nsummary (targets on this CPU)")
     ok_all = True
@@ -386,9 +611,25 @@ def summary(rows):
         elif r["workload"] == "distinct lengths":
             ratio, target = r["first_step_s"] / r["exact_first_step_s"], 0.25
             what = "first step / exact policy" + (" (extrap.)" if r["exact_extrapolated"] else "")
-        else:
+        elif r["workload"] == "cache":
             ratio, target = r["second_s"] / r["first_s"], 0.5
             what = "first step, 2nd process / 1st"
+        elif r["workload"] == "sensitivity" and r["variant"] == "ours auto":
+            cold_target, steady_target = SENSITIVITY_TARGETS.get(r["model"], (None, None))
+            if cold_target is not None:
+                ok = r["cold_ratio"] <= cold_target
+                ok_all &= ok
+                log(
+                    f"  {r['model']:<10} {'auto: first step / default-adjoint floor':<38} "
+                    f"{r['cold_ratio']:5.2f}  (target <= {cold_target})  "
+                    f"{'met' if ok else 'NOT met'}"
+                )
+            if steady_target is None:
+                continue
+            ratio, target = r["steady_ratio"], steady_target
+            what = f"auto ({'/'.join(r['modes'])}): steady / floor"
+        else:
+            continue
         ok = ratio <= target
         ok_all &= ok
         log(
@@ -401,7 +642,7 @@ def summary(rows):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny problem: a smoke test")
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=list(BENCH_MODELS), choices=list(MODELS))
     parser.add_argument("--n-experiments", type=int, default=64)
     parser.add_argument("--lengths", type=int, nargs=3, default=[50, 100, 200])
     parser.add_argument("--reps", type=int, default=20, help="timed steady-state steps")
@@ -421,9 +662,23 @@ def main(argv=None):
     parser.add_argument(
         "--parts",
         nargs="+",
-        default=["steady", "distinct", "cache"],
-        choices=["steady", "distinct", "cache"],
+        default=["steady", "distinct", "cache", "sensitivity", "crossover"],
+        choices=["steady", "distinct", "cache", "sensitivity", "crossover"],
         help="which measurements to run",
+    )
+    parser.add_argument(
+        "--sensitivities",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", "forward", "reverse"],
+        help="the `SolverConfig.sensitivity` values the sensitivity part times (GPU: all three)",
+    )
+    parser.add_argument(
+        "--crossover-widths",
+        type=int,
+        nargs="+",
+        default=list(CROSSOVER_WIDTHS),
+        help="damping-MLP widths of the crossover sweep (3 * width + 2 trainable scalars)",
     )
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -434,16 +689,25 @@ def main(argv=None):
     if args.quick:
         args.models, args.n_experiments, args.lengths = ["logistic"], 4, [5, 10, 20]
         args.reps, args.exact_shapes, args.max_shapes = 3, 2, 1
-        args.parts = ["steady", "distinct"]  # the cache test is two more cold processes
+        # The cache test is two more cold processes, the crossover a dozen more compiles.
+        args.parts = ["steady", "distinct", "sensitivity"]
     log(
         f"jax {jax.__version__} on {jax.devices()[0].platform}, x64={jax.config.jax_enable_x64}, "
         f"{args.adjoint} adjoint, padded policy max_shapes={args.max_shapes}"
     )
     rows = []
-    parts = {"steady": bench_steady, "distinct": bench_distinct, "cache": bench_cache}
+    parts = {
+        "steady": bench_steady,
+        "distinct": bench_distinct,
+        "cache": bench_cache,
+        "sensitivity": bench_sensitivity,
+    }
     for model in args.models:
         for part in args.parts:
-            parts[part](model, args, rows)
+            if part in parts:
+                parts[part](model, args, rows)
+    if "crossover" in args.parts:
+        bench_crossover(args, rows)
     summary(rows)
     if args.json:
         with open(args.json, "w") as f:

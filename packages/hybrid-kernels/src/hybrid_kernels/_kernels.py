@@ -14,6 +14,7 @@ What is static: the callables, the solver config and the trainable mask, fixed a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,7 @@ import jax.tree_util as jtu
 from jaxtyping import Array, Float
 
 from hybrid_kernels import _preflight as pf
+from hybrid_kernels import _sensitivity as sensitivity
 from hybrid_kernels._cells import scored_rows
 from hybrid_kernels._data import BucketPayload
 from hybrid_kernels._dispatch import (
@@ -205,11 +207,18 @@ class _Objective(eqx.Module):
 def _bucket_step(objective, trainable, predictors, bp, fraction, tp_weight):
     with no_host_callbacks(not objective.solver.throw):
         diff, static = eqx.partition(predictors, trainable)
+        # Forward or reverse: decided here, at trace time, from static shapes (_sensitivity).
+        mode = sensitivity.resolve(objective.solver, sensitivity.trainable_scalars(diff))
+        solver = sensitivity.resolved_solver(objective.solver, mode)
+        objective = dataclasses.replace(objective, solver=solver)
 
         def f(d):
             return objective(eqx.combine(d, static), bp, fraction, tp_weight, differentiable=True)
 
-        (loss, (failed, steps)), grads = eqx.filter_value_and_grad(f, has_aux=True)(diff)
+        if mode == "forward":
+            (loss, (failed, steps)), grads = sensitivity.forward_value_and_grad(f, diff)
+        else:
+            (loss, (failed, steps)), grads = eqx.filter_value_and_grad(f, has_aux=True)(diff)
         if not objective.solver.throw:
             # Every row failed: even the donor row is unhealthy, so drop the whole gradient.
             grads = jax.tree.map(lambda g: jnp.where(failed.all(), jnp.zeros_like(g), g), grads)

@@ -11,6 +11,13 @@ experiments, see the guide) its steady-state step was about 3x faster than `Dire
 compiles faster and supports forward mode too; pass `adjoint=diffrax.DirectAdjoint()` for short
 runs or tests where compile time dominates. `BacksolveAdjoint` only differentiates what is
 passed through diffrax `args` (see the guide).
+
+**Sensitivity.** `sensitivity` says how a bucket step differentiates the solve: in reverse
+mode through `adjoint`, or in forward mode (`diffrax.ForwardMode()`, one tangent per trainable
+scalar). It lives here, beside the adjoint, because it describes the same thing, how the solve
+is differentiated; so the kernels, the trainer and a custom loop all take it from the config
+they already receive, with no new parameter. `"auto"` (the default) chooses from the number of
+trainable scalars when a kernel is traced (`hybrid_kernels._sensitivity`).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import contextlib
 import contextvars
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import diffrax
 import equinox as eqx
@@ -97,6 +104,13 @@ class SolverConfig(eqx.Module):
         report it (`return_status=True`) and keep training the rest of the bucket. Kernels
         built with `throw=False` contain no host callbacks, so JAX's persistent compilation
         cache can store them.
+    - `sensitivity`: how [`hybrid_kernels.build_bucket_step`][] differentiates the solve.
+        `"reverse"`: backwards through `adjoint`. `"forward"`: forwards, with
+        `diffrax.ForwardMode()` in place of `adjoint` and one tangent per trainable scalar
+        (frozen leaves get none). `"auto"` (default): forward for at most 16 trainable
+        scalars (a mechanistic model with a few rates), reverse above (a neural network),
+        decided when the kernel is traced; a `BacksolveAdjoint` keeps reverse mode. Both
+        modes give the same gradients to solver precision.
     """
 
     solver: Any = eqx.field(static=True)
@@ -110,6 +124,7 @@ class SolverConfig(eqx.Module):
     dcoeff: float = eqx.field(static=True, default=0.0)
     throw: bool = eqx.field(static=True, default=True)
     jump_ts: tuple[float, ...] = eqx.field(static=True, default=())
+    sensitivity: Literal["reverse", "forward", "auto"] = eqx.field(static=True, default="auto")
 
     def __check_init__(self):
         if not isinstance(self.solver, diffrax.AbstractSolver):
@@ -145,6 +160,11 @@ class SolverConfig(eqx.Module):
         ):
             raise ValueError(
                 f"SolverConfig: `jump_ts` must be a tuple of finite floats, got {self.jump_ts!r}."
+            )
+        if self.sensitivity not in ("reverse", "forward", "auto"):
+            raise ValueError(
+                "SolverConfig: `sensitivity` must be 'reverse', 'forward' or 'auto', got "
+                f"{self.sensitivity!r}."
             )
 
     def stepsize_controller(self, jump_ts: Any = None) -> Any:
@@ -221,6 +241,7 @@ class SolverConfig(eqx.Module):
             "dcoeff": self.dcoeff,
             "throw": self.throw,
             "jump_ts": list(self.jump_ts),
+            "sensitivity": self.sensitivity,
         }
 
     @classmethod
@@ -233,7 +254,7 @@ class SolverConfig(eqx.Module):
         kwargs: dict[str, Any] = {}
         if "adjoint" in d:
             kwargs["adjoint"] = _lookup(d["adjoint"], ADJOINT_REGISTRY, "adjoint")()
-        for k in ("pcoeff", "icoeff", "dcoeff", "throw"):
+        for k in ("pcoeff", "icoeff", "dcoeff", "throw", "sensitivity"):
             if k in d:
                 kwargs[k] = d[k]
         if "jump_ts" in d:

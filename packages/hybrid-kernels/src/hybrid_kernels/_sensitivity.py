@@ -1,0 +1,115 @@
+"""Forward or reverse sensitivities: which one a bucket step uses, and the forward gradient.
+
+A bucket step differentiates the loss, a scalar, with respect to the trainable scalars. Reverse
+mode does that in one backward pass whatever their number, but it has to store (or recompute)
+the forward solve and compiles the solver twice, once forwards and once backwards. Forward
+mode carries one tangent per trainable scalar through the same solve (`diffrax.ForwardMode`):
+no backward pass to compile or run, but a cost that grows with the number of scalars. So
+forward wins for a mechanistic model with a handful of rates and loses for a neural network.
+
+`SolverConfig(sensitivity="auto")` (the default) chooses when a kernel is traced: the number of
+trainable scalars is a static property of the predictors' shapes and the trainable mask, so the
+choice is part of the compiled program and never changes between calls of one shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, Literal
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+from jax.flatten_util import ravel_pytree
+
+__all__ = ["FORWARD_MAX_SCALARS", "TANGENT_CHUNK"]
+
+FORWARD_MAX_SCALARS = 16
+"""`"auto"` uses forward mode up to this many trainable scalars, reverse mode above.
+
+Measured crossover (see `docs/benchmarks/kernels.md`): on a 2-core CPU forward mode's steady
+step was 0.89x reverse mode's at 14 scalars, 0.97x at 20 and 1.17x at 32 (parity near 22), and
+forward mode compiled faster at every size; 16 keeps a margin for measurement noise."""
+
+TANGENT_CHUNK = 64
+"""Forward mode pushes at most this many tangents through one solve at a time; more trainable
+scalars are processed in chunks (`jax.lax.map`), which bounds the tangent memory at the price
+of one more primal solve per chunk."""
+
+
+def trainable_scalars(diff: Any) -> int:
+    """How many scalars a gradient over `diff` (the trainable part of the predictors) has."""
+    return sum(math.prod(jnp.shape(x)) for x in jtu.tree_leaves(diff) if eqx.is_inexact_array(x))
+
+
+def resolve(solver: Any, n_scalars: int) -> Literal["forward", "reverse"]:
+    """The sensitivity a kernel uses for `solver` and `n_scalars` trainable scalars.
+
+    `"auto"` keeps reverse mode when the adjoint is `BacksolveAdjoint` (a continuous adjoint is
+    a deliberate reverse-mode choice) and forward mode when it is `ForwardMode`; otherwise it
+    picks forward for at most `FORWARD_MAX_SCALARS` scalars.
+    """
+    if solver.sensitivity != "auto":
+        return solver.sensitivity
+    if isinstance(solver.adjoint, diffrax.BacksolveAdjoint):
+        return "reverse"
+    if isinstance(solver.adjoint, diffrax.ForwardMode):
+        return "forward"
+    return "forward" if n_scalars <= FORWARD_MAX_SCALARS else "reverse"
+
+
+def resolved_solver(solver: Any, mode: Literal["forward", "reverse"]) -> Any:
+    """`solver` as `simulate_fn` sees it in `mode`: the sensitivity resolved and, in forward
+    mode, the adjoint replaced by `diffrax.ForwardMode()` (reverse-mode adjoints such as
+    `RecursiveCheckpointAdjoint` cannot be differentiated forwards)."""
+    if mode == "forward":
+        return dataclasses.replace(solver, sensitivity="forward", adjoint=diffrax.ForwardMode())
+    return dataclasses.replace(solver, sensitivity="reverse")
+
+
+def forward_value_and_grad(
+    fn: Callable[[Any], tuple[jax.Array, Any]], diff: Any, *, chunk: int = TANGENT_CHUNK
+) -> tuple[tuple[jax.Array, Any], Any]:
+    """`((value, aux), grads)` of `fn(diff) -> (scalar, aux)` in forward mode.
+
+    `jax.jacfwd`'s construction (one `jax.jvp` per basis tangent, vmapped), kept by hand so the
+    primal value and `aux` come out of the same pass. Only `diff`'s inexact array leaves get
+    tangents; `None` leaves (frozen) stay `None` in `grads`, which has `diff`'s structure.
+    """
+    arrays, rest = eqx.partition(diff, eqx.is_inexact_array)
+    flat, unravel = ravel_pytree(arrays)
+    n = flat.shape[0]
+
+    def f(x):
+        return fn(eqx.combine(unravel(x), rest))
+
+    def push(tangent):
+        value, dvalue, aux = jax.jvp(f, (flat,), (tangent,), has_aux=True)
+        return value, dvalue, aux
+
+    if n == 0:
+        value, aux = f(flat)
+        return (value, aux), jtu.tree_map(lambda _: None, diff)
+    pushes = jax.vmap(push, out_axes=(None, 0, None))
+    n_chunks = -(-n // chunk)
+    if n_chunks == 1:
+        value, dflat, aux = pushes(jnp.eye(n, dtype=flat.dtype))
+    else:
+        # Equal chunks, the last padded with zero tangents, so the solve compiles only once.
+        size = -(-n // n_chunks)
+        basis = jnp.eye(n_chunks * size, n, dtype=flat.dtype).reshape(n_chunks, size, n)
+        values, dflat, auxes = jax.lax.map(pushes, basis)
+        value, aux = values[0], jtu.tree_map(lambda a: a[0], auxes)
+        dflat = dflat.reshape(n_chunks * size)[:n]
+    grads = eqx.combine(unravel(dflat.astype(flat.dtype)), _zeros_like_rest(rest))
+    return (value, aux), grads
+
+
+def _zeros_like_rest(rest: Any) -> Any:
+    # Non-inexact leaves of the trainable part (ints, callables) have no gradient; equinox's
+    # reverse-mode filters give them None, and so does this.
+    return jtu.tree_map(lambda _: None, rest)

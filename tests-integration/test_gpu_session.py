@@ -1,0 +1,106 @@
+"""`nox -s gpu`'s helper (.ci/gpu_report.py): it fails at once off a GPU, and its report."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / ".ci" / "gpu_report.py"
+FAKE_SMI = "#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\n"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("gpu_report", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_script(args, path_dir, **env):
+    # PATH holds only `path_dir`: whether `nvidia-smi` is there is up to the test.
+    full_env = {**os.environ, "PATH": str(path_dir), **env}
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=full_env
+    )
+
+
+@pytest.fixture
+def fake_gpu(tmp_path):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(FAKE_SMI)
+    smi.chmod(0o755)
+    return tmp_path
+
+
+def test_check_fails_at_once_with_a_clear_message_off_a_gpu(tmp_path):
+    out = run_script(["check"], tmp_path)
+    assert out.returncode == 2
+    assert "nox -s gpu needs an NVIDIA GPU" in out.stderr
+
+
+def test_run_fails_before_running_any_step_off_a_gpu(tmp_path):
+    out = run_script(["run", "--out", str(tmp_path / "report")], tmp_path)
+    assert out.returncode == 2
+    assert "needs an NVIDIA GPU" in out.stderr
+    assert not (tmp_path / "report").exists()
+
+
+def test_check_passes_when_nvidia_smi_lists_a_gpu(fake_gpu):
+    out = run_script(["check"], fake_gpu)
+    assert out.returncode == 0, out.stderr
+    assert "NVIDIA H200" in out.stdout
+
+
+def test_check_fails_when_jax_sees_no_gpu(fake_gpu):
+    out = run_script(["check", "--jax"], fake_gpu, JAX_PLATFORMS="cpu")
+    assert out.returncode == 2
+    assert "jax sees no GPU" in out.stderr
+
+
+def step(name, passed):
+    return {"name": name, "passed": passed, "returncode": 0 if passed else 1, "seconds": 1.0}
+
+
+BENCH_ROWS = [
+    {"model": "logistic", "workload": "sensitivity", "variant": "ours auto", "modes": ["forward"]},
+    {"model": "logistic", "workload": "sensitivity", "variant": "floor recursive", "modes": []},
+    {"model": "bank", "workload": "sensitivity", "variant": "ours auto", "modes": ["reverse"]},
+]
+
+
+def test_report_is_one_json_file_with_steps_device_and_what_auto_chose(tmp_path):
+    gpu_report = load()
+    report = gpu_report.build_report(
+        [step("demo", True)],
+        device={"nvidia_smi": ["GPU 0"]},
+        agreement=[{"model": "logistic", "grad_rel_diff": 1e-6}],
+        benchmark=BENCH_ROWS,
+    )
+    path = gpu_report.write_report(report, tmp_path / "gpu-report")
+    assert path == tmp_path / "gpu-report" / "report.json"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["report.json"]
+    loaded = json.loads(path.read_text())
+    assert loaded["passed"] is True
+    assert loaded["auto_chose"] == {"logistic": ["forward"], "bank": ["reverse"]}
+    assert loaded["device"] == {"nvidia_smi": ["GPU 0"]}
+    assert loaded["cpu_gpu_agreement"][0]["grad_rel_diff"] == 1e-6
+
+
+def test_report_fails_when_any_step_fails():
+    gpu_report = load()
+    report = gpu_report.build_report(
+        [step("tests", True), step("benchmark", False)], device={}, benchmark=None
+    )
+    assert report["passed"] is False
+    assert report["auto_chose"] == {}
+
+
+def test_a_test_step_that_collects_nothing_counts_as_passed(tmp_path):
+    gpu_report = load()
+    record = gpu_report.run_step("empty", [sys.executable, "-m", "pytest", str(tmp_path), "-q"])
+    assert record["returncode"] == 5
+    assert record["passed"] and record["no_tests_collected"]
