@@ -75,6 +75,7 @@ def main() -> None:
     import jax.numpy as jnp
 
     import confluent_bank as cb
+    import hybrid_kernels as hk
 
     import hybrid_problem as P
 
@@ -113,6 +114,12 @@ def main() -> None:
         cb.save_checkpoint(args.bank_file, bank)
         result["reloaded_digest"] = cb.snapshot_digest(
             cb.load_checkpoint(args.bank_file).portable_snapshot()
+        )
+        # A run folder (several files written as one unit) goes through the same single writer.
+        run = Path(args.bank_file).with_name("run")
+        hk.save_run(run, bank, solver=hk.SolverConfig(), config=hk.OptaxTrainingConfig())
+        result["run_digest"] = cb.snapshot_digest(
+            hk.load_run(run, bank).predictors.portable_snapshot()
         )
     result.update(
         devices=jax.device_count(),

@@ -83,8 +83,14 @@ def test_every_process_commits_the_same_transitions(two_processes, one_process):
 def test_files_are_written_once_and_reload_alike(two_processes):
     results, _, files = two_processes
     # One complete file per save, no temporaries left by a second writer.
-    assert sorted(p.name for p in files.iterdir()) == ["bank.json", "state.eqx"]
+    assert sorted(p.name for p in files.iterdir()) == ["bank.json", "run", "state.eqx"]
     assert [r["reloaded_digest"] for r in results] == [results[0]["digest"]] * 2
+
+
+def test_a_run_folder_is_written_once_and_reloads_alike(two_processes):
+    results, _, files = two_processes
+    assert sorted(p.name for p in (files / "run").iterdir()) == ["predictors.eqx", "run.json"]
+    assert [r["run_digest"] for r in results] == [results[0]["digest"]] * 2
 
 
 def test_only_process_0_prints_progress(two_processes):

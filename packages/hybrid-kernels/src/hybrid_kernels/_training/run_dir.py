@@ -35,7 +35,7 @@ import numpy as np
 import optax
 
 from hybrid_kernels.__about__ import __version__
-from hybrid_kernels._atomic import _fsync_folder, write_atomic
+from hybrid_kernels._atomic import _fsync_folder, _single_writer, write_atomic
 from hybrid_kernels._serialise import load_predictors, save_predictors
 from hybrid_kernels._solver import SolverConfig
 from hybrid_kernels._trainable import count_trainable_params, path_str
@@ -235,15 +235,6 @@ def save_run(
         )
     if state is not None and not isinstance(state, TrainingState):
         raise TypeError(f"save_run: state must be a TrainingState; got {type(state).__name__}")
-    if not path.parent.is_dir():
-        raise ValueError(f"save_run: the parent directory of {str(path)!r} does not exist")
-    if path.exists():
-        if not overwrite:
-            raise ValueError(f"save_run: {str(path)!r} exists; pass overwrite=True to replace it")
-        if not (path / _MANIFEST).is_file():
-            raise ValueError(
-                f"save_run: {str(path)!r} exists and is not a run directory; refusing to replace it"
-            )
     try:
         user = _to_json(dict(metadata or {}))
     except TypeError as err:
@@ -266,6 +257,26 @@ def save_run(
         "files": {"predictors": _PREDICTORS, "state": None if state is None else _STATE},
         "metadata": user,
     }
+    # With several processes only process 0 writes the folder (its nested saves write
+    # directly); the others wait until it is complete. The folder checks run there too, so a
+    # slow process cannot find the run process 0 has just written and refuse to overwrite it.
+    return _single_writer(
+        path, lambda: _write_run(path, predictors, state, manifest, overwrite=overwrite)
+    )
+
+
+def _write_run(
+    path: Path, predictors: Any, state: TrainingState | None, manifest: dict, *, overwrite: bool
+) -> Path:
+    if not path.parent.is_dir():
+        raise ValueError(f"save_run: the parent directory of {str(path)!r} does not exist")
+    if path.exists():
+        if not overwrite:
+            raise ValueError(f"save_run: {str(path)!r} exists; pass overwrite=True to replace it")
+        if not (path / _MANIFEST).is_file():
+            raise ValueError(
+                f"save_run: {str(path)!r} exists and is not a run directory; refusing to replace it"
+            )
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         save_predictors(staging / _PREDICTORS, predictors)
