@@ -13,10 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.flatten_util import ravel_pytree
-
-import hybrid_kernels as hk
-from conftest import (
+from helpers import (
     Omega,
     Rate,
     decay_simulate,
@@ -26,9 +23,10 @@ from conftest import (
     position_output,
     tiny_solver,
 )
-from hybrid_kernels._sensitivity import FORWARD_MAX_SCALARS, forward_value_and_grad
+from jax.flatten_util import ravel_pytree
 
-jax.config.update("jax_enable_x64", True)
+import hybrid_kernels as hk
+from hybrid_kernels._sensitivity import FORWARD_MAX_SCALARS, forward_value_and_grad
 
 AGREE = 1e-10  # relative, float64: both modes differentiate the same discrete solve
 
@@ -213,7 +211,7 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp
 import numpy as np
 import hybrid_kernels as hk
-from conftest import Rate, decay_simulate, identity_output, tiny_solver
+from helpers import Rate, decay_simulate, identity_output, tiny_solver
 
 assert jax.device_count() == 4
 exps = [
