@@ -69,13 +69,21 @@ def test_bootstrap_with_seed_selection_runs(oscillator, data):
 @pytest.mark.parametrize(
     "kind, kwargs, words",
     [
-        ("seed", {"n_seeds": 0}, "n_seeds must be an integer >= 1"),
+        ("seed", {"n_seeds": 0}, "`n_seeds` must be an int >= 1"),
         ("seed", {"n_seeds": 2, "k_best": 3}, "k_best=3 must not exceed n_seeds=2"),
-        ("boot", {"n_bootstraps": 0}, "n_bootstraps must be an integer >= 1"),
-        ("boot", {"n_bootstraps": 2, "n_seeds": 0}, "n_seeds must be an integer >= 1"),
+        ("boot", {"n_bootstraps": 0}, "`n_bootstraps` must be an int >= 1"),
+        ("boot", {"n_bootstraps": 2, "n_seeds": 0}, "`n_seeds` must be an int >= 1"),
         ("boot", {"n_bootstraps": 2, "k_best": 3}, "k_best=3 must not exceed n_bootstraps=2"),
     ],
 )
 def test_bad_ensemble_sizes_raise(oscillator, data, kind, kwargs, words):
     with pytest.raises(ValueError, match=words):
         run(kind, oscillator, data, quiet(), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kind, kwargs", [("seed", {}), ("boot", {"n_bootstraps": 2})], ids=["seed", "boot"]
+)
+def test_ensemble_sizes_must_be_ints_not_floats(oscillator, data, kind, kwargs):
+    with pytest.raises(TypeError, match=r"`n_seeds` must be an int, got 2\.0"):
+        run(kind, oscillator, data, quiet(), n_seeds=2.0, **kwargs)

@@ -1,9 +1,14 @@
 """Few host syncs: losses are read back once per `log_every` steps, never per bucket, and the
 bucket gradients are combined inside compiled code."""
 
+import contextlib
+
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from helpers import quiet, train
+from jax._src.array import ArrayImpl
 
 import hybrid_kernels as hk
 from hybrid_kernels._training import _engine, _loop, _step
@@ -15,17 +20,100 @@ def two_buckets(oscillator):
     return oscillator.dataset((10, 10, 10, 14), t1=4.0, bucket_policy="exact")
 
 
+def _concrete(x):
+    return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+
+
 @pytest.fixture
 def reads(monkeypatch):
-    count = {"n": 0}
-    original = _loop._read_back
+    """Counts device-to-host reads: `n` through `_loop._read_back`, `stray` by any other path.
+
+    The transfer guard never fires on CPU, so every way a `jax.Array` reaches the host is
+    wrapped instead: `_value` (behind `float`, `int`, `bool`, `tolist`, `str`, `__array__`,
+    `jax.device_get`), `item`, and numpy's converters, which on CPU read through the buffer
+    protocol and so pass no Python hook on the array. Strays count only inside `window`.
+    """
+    count = {"n": 0, "stray": 0}
+    state = {"inside": 0, "window": False}
+
+    def stray():
+        if state["window"] and not state["inside"]:
+            count["stray"] += 1
 
     def counting(tree):
         count["n"] += 1
-        return original(tree)
+        state["inside"] += 1
+        try:
+            return original(tree)
+        finally:
+            state["inside"] -= 1
 
+    original = _loop._read_back
     monkeypatch.setattr(_loop, "_read_back", counting)
+
+    value = ArrayImpl._value
+
+    def _value(self):
+        stray()
+        return value.fget(self)
+
+    monkeypatch.setattr(ArrayImpl, "_value", property(_value))
+    item = ArrayImpl.item
+
+    def _item(self, *args):
+        stray()
+        return item(self, *args)
+
+    monkeypatch.setattr(ArrayImpl, "item", _item)
+    for name in ("asarray", "array", "asanyarray", "ascontiguousarray"):
+        convert = getattr(np, name)
+
+        def converting(x, *args, _convert=convert, **kwargs):
+            if any(_concrete(leaf) for leaf in jax.tree.leaves(x)):
+                stray()
+            return _convert(x, *args, **kwargs)
+
+        monkeypatch.setattr(np, name, converting)
+
+    @contextlib.contextmanager
+    def window():
+        state["window"] = True
+        try:
+            yield
+        finally:
+            state["window"] = False
+
+    count["window"] = window
     return count
+
+
+# Looked up at call time, as the library does: numpy's converters are patched on the module.
+_READS = {
+    "float": float,
+    "int": int,
+    "bool": bool,
+    "format": lambda x: f"{x:.3f}",
+    "item": lambda x: x.item(),
+    "tolist": lambda x: x.tolist(),
+    "np.asarray": lambda x: np.asarray(x),
+    "np.array of a list": lambda x: np.array([x, x]),
+    "device_get": jax.device_get,
+}
+
+
+@pytest.mark.parametrize("read", list(_READS.values()), ids=list(_READS))
+def test_a_read_outside_read_back_is_counted_as_stray(reads, read):
+    x = jnp.asarray(2.0) + 1  # a fresh array: nothing cached on the host yet
+    with reads["window"]():
+        read(x)
+    assert reads["stray"] >= 1
+    assert reads["n"] == 0
+
+
+def test_reads_through_read_back_are_not_stray(reads):
+    with reads["window"]():
+        _loop._read_back((jnp.asarray(2.0) + 1, jnp.arange(3) + 1))
+    assert (reads["n"], reads["stray"]) == (1, 0)
 
 
 def test_one_read_per_step_with_log_every_one(oscillator, two_buckets, reads):
@@ -50,11 +138,15 @@ def test_log_every_changes_nothing_but_the_read_pattern(oscillator, two_buckets)
     assert [e["step"] for e in ui.of("on_step_end")] == list(range(10))
 
 
-def test_steady_state_steps_make_no_implicit_device_to_host_transfers(oscillator, two_buckets):
+def test_steady_state_runs_read_the_device_only_through_read_back(oscillator, two_buckets, reads):
     train(oscillator, two_buckets, quiet(steps=(3,)))  # first use: host-side shape checks
-    with jax.transfer_guard_device_to_host("disallow"):
+    reads["n"] = 0
+    # The guard fires only where transfers are real (a GPU); the counts hold on every backend.
+    with reads["window"](), jax.transfer_guard_device_to_host("disallow"):
         history, _ = train(oscillator, two_buckets, quiet(steps=(6,)))
     assert len(history) == 6
+    assert reads["stray"] == 0
+    assert 1 <= reads["n"] <= 6 + 1
 
 
 def test_bucket_gradients_are_combined_only_inside_compiled_code(

@@ -61,7 +61,7 @@ def test_schedule_works_under_jit_on_a_traced_step():
     "kwargs, words",
     [
         ({"kind": "step"}, "kind='step'"),
-        ({"total_epochs": 0}, "total_epochs must be an integer >= 1"),
+        ({"total_epochs": 0}, "`total_epochs` must be an int >= 1"),
         ({"init_value": 0.0}, "init_value must be finite and positive"),
         ({"init_value": math.inf}, "init_value must be finite and positive"),
         ({"end_value": 2.0}, r"end_value=2.0 must lie in \[0, init_value=1.0\]"),
@@ -73,3 +73,8 @@ def test_bad_arguments_raise(kwargs, words):
     kwargs.setdefault("total_epochs", 10)
     with pytest.raises(ValueError, match=words):
         hk.annealing_schedule(**kwargs)
+
+
+def test_total_epochs_must_be_an_int_not_a_float():
+    with pytest.raises(TypeError, match=r"`total_epochs` must be an int, got 10\.0"):
+        hk.annealing_schedule("cosine", total_epochs=10.0)

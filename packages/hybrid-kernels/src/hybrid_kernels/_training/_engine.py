@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from hybrid_kernels._dispatch import _strong
 from hybrid_kernels._kernels import (
     build_apply_update,
     build_bucket_step,
@@ -29,7 +30,7 @@ from hybrid_kernels._kernels import (
 )
 from hybrid_kernels._losses import resolve_loss_fn
 from hybrid_kernels._penalties import bound_penalty
-from hybrid_kernels._training._step import any_solved, make_tail, set_learning_rate, strong
+from hybrid_kernels._training._step import any_solved, make_tail, set_learning_rate
 from hybrid_kernels._training.config import OPTIMIZER_REGISTRY, OptaxTrainingConfig
 
 _CACHE_SIZE = 16
@@ -157,7 +158,7 @@ class Engine:
 
     def fresh_opt_state(self, opt: Optimizer, predictors: Any, lr: float) -> Any:
         """A new optimiser state for the trainable leaves of `predictors`, at rate `lr`."""
-        opt_state = strong(opt.transformation.init(eqx.filter(predictors, self.trainable)))
+        opt_state = _strong(opt.transformation.init(eqx.filter(predictors, self.trainable)))
         return set_learning_rate(opt_state, lr) if opt.injectable else opt_state
 
     def score(self, predictors: Any, payloads: tuple[Any, ...], weights: jax.Array) -> jax.Array:

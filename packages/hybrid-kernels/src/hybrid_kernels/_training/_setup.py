@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_kernels._dispatch import _strong
 from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._penalties import (
     data_penalty_points,
@@ -33,7 +34,7 @@ from hybrid_kernels._penalties import (
 from hybrid_kernels._reductions import bucket_weights
 from hybrid_kernels._trainable import trainable_mask
 from hybrid_kernels._training._engine import Engine, Model
-from hybrid_kernels._training._step import Carry, StepInputs, strong, take_step
+from hybrid_kernels._training._step import Carry, StepInputs, take_step
 from hybrid_kernels._training.config import OptaxTrainingConfig
 from hybrid_kernels._training.hooks import HookEvents, resolve_hook
 from hybrid_kernels._training.state import (
@@ -167,7 +168,7 @@ def prepare(
     ui = resolve_ui(config, ui)
     hook = resolve_hook(hooks)
     mesh = getattr(dataset, "mesh", None)
-    predictors = replicate(strong(predictors), mesh)
+    predictors = replicate(_strong(predictors), mesh)
     engine = Engine(model, trainable, config)
     sources, extras = None, ()
     if any(w > 0 for w in config.penalty_weight) or config.penalty_points is not None:

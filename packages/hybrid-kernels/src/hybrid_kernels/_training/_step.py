@@ -80,17 +80,6 @@ def improve(carry: Carry, candidate: Any, score: jax.Array, ok: Any) -> Carry:
 improve_jit = eqx.filter_jit(improve)
 
 
-def strong(tree: Any) -> Any:
-    """Strong-type weak array leaves once, so no jitted tail ever sees both kinds."""
-
-    def fix(x: Any) -> Any:
-        if isinstance(x, jax.Array) and x.weak_type:
-            return jnp.asarray(x, dtype=x.dtype)
-        return x
-
-    return jax.tree_util.tree_map(fix, tree)
-
-
 def set_learning_rate(opt_state: Any, lr: float) -> Any:
     """`opt_state` with its injected learning rate replaced (same dtype, so no recompile)."""
     old = opt_state.hyperparams["learning_rate"]

@@ -17,6 +17,9 @@ from typing import Any
 import numpy as np
 import optax
 
+from hybrid_kernels._preflight import check_int
+from hybrid_kernels._reductions import REDUCTIONS
+
 OptimizerSpec = str | Callable[..., optax.GradientTransformation] | optax.GradientTransformation
 
 # Names accepted in `OptaxTrainingConfig.optimizer`. Each is an optax alias taking
@@ -34,7 +37,6 @@ OPTIMIZER_REGISTRY: dict[str, Callable[..., optax.GradientTransformation]] = {
 }
 """optax optimiser factories by name, each taking `learning_rate`."""
 
-_REDUCTIONS = ("per_bucket", "per_experiment", "per_observation")
 _MONITORS = ("train", "val")
 
 
@@ -56,14 +58,6 @@ def _finite_nonneg(name: str, value: Any) -> float:
     if number < 0.0:
         raise ValueError(f"OptaxTrainingConfig.{name} must be non-negative; got {value!r}")
     return number
-
-
-def _positive_int(name: str, value: Any, *, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise ValueError(f"OptaxTrainingConfig.{name} must be an integer; got {value!r}")
-    if value < minimum:
-        raise ValueError(f"OptaxTrainingConfig.{name} must be at least {minimum}; got {value}")
-    return int(value)
 
 
 def _normalise_optimizer(index: int, spec: Any) -> OptimizerSpec:
@@ -183,7 +177,11 @@ class OptaxTrainingConfig:
         if not steps:
             raise ValueError("OptaxTrainingConfig.steps must contain at least one phase")
         n = len(steps)
-        set_(self, "steps", tuple(_positive_int(f"steps[{i}]", s) for i, s in enumerate(steps)))
+        set_(
+            self,
+            "steps",
+            tuple(check_int(s, f"OptaxTrainingConfig.steps[{i}]") for i, s in enumerate(steps)),
+        )
 
         phase_fields = {
             "lr": self.lr,
@@ -265,22 +263,22 @@ class OptaxTrainingConfig:
                     for i, w in enumerate(self.channel_weights)
                 ),
             )
-        if self.reduction not in _REDUCTIONS:
+        if self.reduction not in REDUCTIONS:
             raise ValueError(
-                f"OptaxTrainingConfig.reduction={self.reduction!r}; expected one of {_REDUCTIONS}"
+                f"OptaxTrainingConfig.reduction={self.reduction!r}; expected one of {REDUCTIONS}"
             )
-        _positive_int("tournament_attempts", self.tournament_attempts)
-        _positive_int("tournament_steps", self.tournament_steps, minimum=0)
+        check_int(self.tournament_attempts, "OptaxTrainingConfig.tournament_attempts")
+        check_int(self.tournament_steps, "OptaxTrainingConfig.tournament_steps", minimum=0)
         set_(self, "tournament_lr", _finite_nonneg("tournament_lr", self.tournament_lr))
-        _positive_int("patience", self.patience, minimum=0)
+        check_int(self.patience, "OptaxTrainingConfig.patience", minimum=0)
         if self.monitor not in _MONITORS:
             raise ValueError(
                 f"OptaxTrainingConfig.monitor={self.monitor!r}; expected one of {_MONITORS}"
             )
-        _positive_int("val_every", self.val_every)
-        _positive_int("max_bad_steps", self.max_bad_steps)
-        _positive_int("log_every", self.log_every)
-        _positive_int("checkpoint_every", self.checkpoint_every, minimum=0)
+        check_int(self.val_every, "OptaxTrainingConfig.val_every")
+        check_int(self.max_bad_steps, "OptaxTrainingConfig.max_bad_steps")
+        check_int(self.log_every, "OptaxTrainingConfig.log_every")
+        check_int(self.checkpoint_every, "OptaxTrainingConfig.checkpoint_every", minimum=0)
         if self.checkpoint_every > 0 and self.checkpoint_path is None:
             raise ValueError(
                 "OptaxTrainingConfig.checkpoint_every is set but checkpoint_path is None; "

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hybrid_kernels._preflight import check_int
 from hybrid_kernels._splits import make_bootstrap_dataset
 from hybrid_kernels._training._engine import Model
 from hybrid_kernels._training._loop import train
@@ -48,12 +49,6 @@ def _member_setup(
     """`prepare` for one member, with what every member shares already given."""
     mask = resolve_trainable(predictors, trainable)
     return functools.partial(prepare, where, model=model, trainable=mask, **fixed)
-
-
-def _count(name: str, value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{where}: {name} must be an integer >= 1; got {value!r}")
-    return value
 
 
 def _rank(
@@ -107,8 +102,8 @@ def train_seed_ensemble(
     non-finite final loss come last and are reported (a `RuntimeWarning` and a UI message).
     """
     where = "train_seed_ensemble"
-    _count("n_seeds", n_seeds, where)
-    k_best = n_seeds if k_best is None else _count("k_best", k_best, where)
+    n_seeds = check_int(n_seeds, f"{where}: `n_seeds`")
+    k_best = n_seeds if k_best is None else check_int(k_best, f"{where}: `k_best`")
     if k_best > n_seeds:
         raise ValueError(f"{where}: k_best={k_best} must not exceed n_seeds={n_seeds}")
     check_config(config, where)  # before the mask, as train_with_optax does
@@ -174,10 +169,10 @@ def train_bootstrap_ensemble(
     `RuntimeWarning` and a UI message).
     """
     where = "train_bootstrap_ensemble"
-    _count("n_bootstraps", n_bootstraps, where)
-    _count("n_seeds", n_seeds, where)
+    n_bootstraps = check_int(n_bootstraps, f"{where}: `n_bootstraps`")
+    n_seeds = check_int(n_seeds, f"{where}: `n_seeds`")
     if k_best is not None:
-        _count("k_best", k_best, where)
+        k_best = check_int(k_best, f"{where}: `k_best`")
         if k_best > n_bootstraps:
             raise ValueError(
                 f"{where}: k_best={k_best} must not exceed n_bootstraps={n_bootstraps}"

@@ -11,17 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from hybrid_kernels._optional import require
 from hybrid_kernels._prediction import predict_dense
-
-
-def _pyplot() -> Any:
-    try:
-        import matplotlib.pyplot as plt
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "plotting needs matplotlib; install it with `pip install hybrid-kernels[plot]`"
-        ) from exc
-    return plt
 
 
 def plot_history(history: Sequence[float], *, ax: Any = None, log: bool = True) -> Any:
@@ -40,7 +31,7 @@ def plot_history(history: Sequence[float], *, ax: Any = None, log: bool = True) 
 
     **Returns:** the `Axes`.
     """
-    plt = _pyplot()
+    plt = require("matplotlib.pyplot", "plot", "Plots")
     if ax is None:
         _, ax = plt.subplots(figsize=(6.4, 3.6), layout="constrained")
     losses = np.asarray(list(history), dtype=float)
@@ -121,7 +112,7 @@ def plot_fit(
 
     **Returns:** the matplotlib `Figure`.
     """
-    plt = _pyplot()
+    plt = require("matplotlib.pyplot", "plot", "Plots")
     names = list(dataset.output_channel_names)
     shown = names if channels is None else list(channels)
     for name in shown:

@@ -13,6 +13,8 @@ import math
 import jax.numpy as jnp
 import optax
 
+from hybrid_kernels._preflight import check_int
+
 ANNEALING_KINDS = ("constant", "cosine", "exponential", "linear", "warmup_cosine")
 # A geometric decay cannot reach 0; by default it falls two decades.
 _EXPONENTIAL_END_FRACTION = 1e-2
@@ -47,10 +49,7 @@ def annealing_schedule(
     """
     if kind not in ANNEALING_KINDS:
         raise ValueError(f"annealing_schedule: kind={kind!r}; expected one of {ANNEALING_KINDS}")
-    if isinstance(total_epochs, bool) or not isinstance(total_epochs, int) or total_epochs < 1:
-        raise ValueError(
-            f"annealing_schedule: total_epochs must be an integer >= 1; got {total_epochs!r}"
-        )
+    total_epochs = check_int(total_epochs, "annealing_schedule: `total_epochs`")
     if not math.isfinite(init_value) or init_value <= 0:
         raise ValueError(
             f"annealing_schedule: init_value must be finite and positive; got {init_value}"

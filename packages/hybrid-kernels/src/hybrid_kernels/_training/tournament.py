@@ -18,9 +18,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from hybrid_kernels._dispatch import _strong
 from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._training._setup import Setup
-from hybrid_kernels._training._step import StepInputs, new_carry, strong, take_step
+from hybrid_kernels._training._step import StepInputs, new_carry, take_step
 from hybrid_kernels._training.reinit import fold_key, reinitialise
 
 TOURNAMENT_FAILURES: tuple[type[BaseException], ...] = (
@@ -58,7 +59,7 @@ def run_tournament(
     for attempt in range(n_attempts):
         attempt_key = fold_key(key, f"tournament_attempt_{attempt}")
         try:
-            candidate = strong(reinitialise(predictors, engine.trainable, attempt_key))
+            candidate = _strong(reinitialise(predictors, engine.trainable, attempt_key))
             carry = new_carry(candidate, engine.fresh_opt_state(opt, candidate, lr))
             for _ in range(c.tournament_steps):
                 carry, _ = take_step(engine, opt, carry, setup.payloads, inputs, best_on_loss=False)
