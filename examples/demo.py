@@ -199,8 +199,8 @@ def main() -> None:
     if not lead:
         return
     if count > 1:
-        # The plots and metrics need every experiment on this process's devices alone; the
-        # trained bank is replicated, so its values are here already.
+        # The plots read every experiment on this process's devices alone (metrics would be
+        # gathered, plots are not); the trained bank is replicated, so its values are here.
         bank = jax.tree.map(lambda x: np.asarray(x) if isinstance(x, jax.Array) else x, bank)
         local = hk.make_row_mesh(jax.local_devices())
         dataset = P.make_dataset(size, dtype=dtype, mesh=local)

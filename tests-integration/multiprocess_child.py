@@ -2,8 +2,9 @@
 
 Joins `jax.distributed` on the coordinator it is given (a single process with `--processes 1`
 skips that), trains a short float64 run of the standard problem with a confluent bank inside
-the ODE and planned transitions, and writes what the tests compare to
-`<out>/result-<process id>.json`.
+the ODE and planned transitions, predicts every experiment and scores it (per channel and per
+experiment: every process should get the global result), and writes what the tests compare
+to `<out>/result-<process id>.json`.
 """
 
 from __future__ import annotations
@@ -117,11 +118,21 @@ def main() -> None:
         )
         # A run folder (several files written as one unit) goes through the same single writer.
         run = Path(args.bank_file).with_name("run")
-        hk.save_run(run, bank, solver=hk.SolverConfig(), config=hk.OptaxTrainingConfig())
+        solver, config = P.make_solver(jnp.float64), P.standard_config()
+        hk.save_run(run, bank, solver=solver, config=config)
         result["run_digest"] = cb.snapshot_digest(
             hk.load_run(run, bank).predictors.portable_snapshot()
         )
+    # Called on every process: the rows spread over the processes are gathered.
+    predictions = hk.predict_dataset(
+        (bank,), dataset, P.simulate, P.state_to_output, P.make_solver(jnp.float64)
+    )
+    per_experiment = hk.metrics_table(
+        hk.predictions_table(dataset, predictions), by=("experiment", "variable")
+    )
     result.update(
+        metrics={name: m._asdict() for name, m in hk.compute_metrics(predictions, dataset).items()},
+        experiment_metrics=per_experiment[["experiment", "n", "mse"]].values.tolist(),
         devices=jax.device_count(),
         local_devices=jax.local_device_count(),
         history=[float(x) for x in history],

@@ -118,6 +118,15 @@ def test_process_local_exp_ids_name_every_experiment_once(process_local, two_pro
     full = two_processes[0][0]["exp_ids"]
     for result in process_local:
         assert result["exp_ids"] == full
+
+
+def test_process_local_metrics_are_global_and_match_the_full_list(process_local, two_processes):
+    full = two_processes[0][0]
+    every = sorted(name for ids in full["exp_ids"] for name in ids if name)
+    assert [row[0] for row in full["experiment_metrics"]] == every  # each one, once
+    for result in process_local:
+        assert result["experiment_metrics"] == full["experiment_metrics"]
+        assert result["metrics"] == full["metrics"]
         names = [n for bucket in result["exp_ids"] for n in bucket if n]
         assert len(names) == len(set(names)) == 8
 

@@ -26,6 +26,7 @@ from hybrid_kernels._bucketing import (
     stack_bucket,
     validate_experiments,
 )
+from hybrid_kernels._distributed import to_host
 from hybrid_kernels._dtypes import resolve_dtype
 from hybrid_kernels._experiments import Experiment
 from hybrid_kernels._preflight import check_int
@@ -318,7 +319,8 @@ def failed_exp_ids(dataset: Dataset, failed: Sequence[Any]) -> tuple[str, ...]:
         example the `failed` flags returned by a kernel built with `return_status=True`).
 
     **Returns:** the ids of the failed real experiments, in bucket then row order. Padding rows
-    are never reported.
+    are never reported. With several processes, call it on every process: flags spread over
+    them are gathered, and every process gets the same, global ids.
     """
     if len(failed) != len(dataset.exp_ids):
         raise ValueError(
@@ -326,7 +328,7 @@ def failed_exp_ids(dataset: Dataset, failed: Sequence[Any]) -> tuple[str, ...]:
         )
     out = []
     for b, (flags, ids) in enumerate(zip(failed, dataset.exp_ids, strict=True)):
-        flags = np.asarray(flags)
+        flags = to_host(flags)
         if flags.shape != (len(ids),):
             raise ValueError(
                 f"failed_exp_ids: bucket {b} flags have shape {flags.shape}, "

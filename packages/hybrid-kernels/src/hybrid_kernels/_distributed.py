@@ -14,7 +14,9 @@ processes then agree on everything that shapes a compiled kernel:
 
 `Dataset.exp_ids` names the global rows (process by process, in mesh order), so metrics,
 failed-row reports and predictions name experiments globally. `Dataset.experiments` keeps
-only this process's experiments.
+only this process's experiments. The host-side readers (`compute_metrics`,
+`predictions_table`, `failed_exp_ids`) read such arrays through `to_host`, which gathers
+what this process does not hold, so every process gets the same, global result.
 """
 
 from __future__ import annotations
@@ -29,6 +31,18 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from hybrid_kernels._bucketing import choose_bins, stack_bucket
 from hybrid_kernels._sharding import row_sharding
+
+
+def to_host(x: Any) -> np.ndarray:
+    """`x` as a NumPy array holding all its rows, on every process.
+
+    An array spread over several processes' devices (not fully addressable) is gathered with
+    `process_allgather`, a collective every process must join; its rows keep their global
+    order, the order of `Dataset.exp_ids`. Anything else is read as it is.
+    """
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(x)
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def _gather_ints(values: np.ndarray) -> list[np.ndarray]:

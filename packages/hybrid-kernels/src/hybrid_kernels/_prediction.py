@@ -17,6 +17,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from hybrid_kernels._dispatch import _strong
+from hybrid_kernels._distributed import to_host
 from hybrid_kernels._errors import no_host_callbacks
 from hybrid_kernels._kernels import predict_bucket_obs
 from hybrid_kernels._preflight import check_int
@@ -205,7 +206,9 @@ def compute_metrics(
     """Per-channel metrics of `predictions` (one array per bucket) against `dataset`.
 
     Only measured cells count (`mask`; padding is never measured). Channels are never pooled:
-    they carry different units. Computed on the host in float64, all channels at once.
+    they carry different units. Computed on the host in float64, all channels at once. With
+    several processes, call it on every process: arrays spread over them are gathered, and
+    every process gets the metrics of every experiment.
 
     **Returns:** `{channel name: ChannelMetrics}` in `dataset.output_channel_names` order.
     """
@@ -219,15 +222,15 @@ def compute_metrics(
     D = len(names)
     preds, obs, masks = [], [], []
     for i, (pred, bp) in enumerate(zip(predictions, payloads, strict=True)):
-        pred = np.asarray(pred, dtype=np.float64)
+        pred = np.asarray(to_host(pred), dtype=np.float64)
         if pred.shape != tuple(bp.y_observed.shape):
             raise ValueError(
                 f"predictions[{i}] has shape {pred.shape}; expected {tuple(bp.y_observed.shape)}, "
                 f"the shape of bucket {i}'s y_observed"
             )
         preds.append(pred.reshape(-1, D))
-        obs.append(np.asarray(bp.y_observed, dtype=np.float64).reshape(-1, D))
-        masks.append(np.asarray(bp.mask, dtype=bool).reshape(-1, D))
+        obs.append(np.asarray(to_host(bp.y_observed), dtype=np.float64).reshape(-1, D))
+        masks.append(np.asarray(to_host(bp.mask), dtype=bool).reshape(-1, D))
     p = np.concatenate(preds) if preds else np.zeros((0, D))
     y = np.concatenate(obs) if obs else np.zeros((0, D))
     m = np.concatenate(masks) if masks else np.zeros((0, D), bool)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from hybrid_kernels._data import Dataset
+from hybrid_kernels._distributed import to_host
 from hybrid_kernels._experiments import ChannelObs, Experiment, make_experiment
 from hybrid_kernels._inputs import INPUT_KINDS, piecewise_constant, piecewise_linear
 from hybrid_kernels._optional import require
@@ -238,7 +239,8 @@ def predictions_table(
 
     **Returns:** a DataFrame with columns `exp_col`, `time_col`, `variable_col`, `value_col`
     (the measurement), `"prediction"` and `"residual"` (prediction − measurement). Replicates
-    stay separate rows; padding never appears.
+    stay separate rows; padding never appears. With several processes, call it on every
+    process: each gets the table of every experiment.
     """
     pd = _pandas()
     if len(predictions) != len(dataset.bucket_payloads):
@@ -251,22 +253,22 @@ def predictions_table(
     for b, (pred, bp, ids) in enumerate(
         zip(predictions, dataset.bucket_payloads, dataset.exp_ids, strict=True)
     ):
-        pred = np.asarray(pred, dtype=np.float64)
+        pred = np.asarray(to_host(pred), dtype=np.float64)
         if pred.shape != tuple(bp.y_observed.shape):
             raise ValueError(
                 f"predictions_table: `predictions[{b}]` has shape {pred.shape}; expected "
                 f"{tuple(bp.y_observed.shape)}, the shape of bucket {b}'s y_observed."
             )
-        n, t, d = np.nonzero(np.asarray(bp.mask))
+        n, t, d = np.nonzero(to_host(bp.mask))
         real = np.asarray(ids, dtype=object)[n] != ""
         n, t, d = n[real], t[real], d[real]
-        obs = np.asarray(bp.y_observed, dtype=np.float64)[n, t, d]
+        obs = np.asarray(to_host(bp.y_observed), dtype=np.float64)[n, t, d]
         p = pred[n, t, d]
         parts.append(
             pd.DataFrame(
                 {
                     exp_col: np.asarray(ids, dtype=object)[n],
-                    time_col: np.asarray(bp.ts, dtype=np.float64)[n, t],
+                    time_col: np.asarray(to_host(bp.ts), dtype=np.float64)[n, t],
                     variable_col: names[d],
                     value_col: obs,
                     "prediction": p,
