@@ -26,8 +26,6 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.flatten_util import ravel_pytree
 
-__all__ = ["FORWARD_MAX_SCALARS", "TANGENT_CHUNK"]
-
 FORWARD_MAX_SCALARS = 16
 """`"auto"` uses forward mode up to this many trainable scalars, reverse mode above.
 
