@@ -3,11 +3,10 @@
 A commit opens one host transaction (`_host.transaction`): it reads the bank's state from the
 device once and digests it once, and the staleness check, the rule check, the caller's
 acceptance callback (e.g. `within_error_budget`) and the optimizer-state carry all share that
-view. It checks that the proposal was made
-from exactly this state (version and digest), asks the caller's acceptance callback, applies
-the updates to host copies of the touched blocks, and puts them back on the device in one
-transfer. Rejection, by the acceptance callback or the postcondition, returns the very same
-bank and optimizer-state objects.
+view. It checks that the proposal was made from exactly this state (version and digest), asks
+the caller's acceptance callback, applies the updates to host copies of the touched blocks,
+and puts them back on the device in one transfer. Rejection, by the acceptance callback or
+the postcondition, returns the very same bank and optimizer-state objects.
 """
 
 from __future__ import annotations

@@ -101,9 +101,9 @@ def _check_global_ids(ids: list[list[str]]) -> None:
             seen[name] = p
 
 
-def _empty_rows(experiments, scattered, T: int, rows: int, dtype: np.dtype, bin_len: int):
+def _empty_rows(experiments, scattered, bin_len: int, rows: int, dtype: np.dtype):
     """`rows` padding rows for a bucket where this process has no experiment of its own."""
-    fits = [i for i, s in enumerate(scattered) if s[0].shape[0] <= T]
+    fits = [i for i, s in enumerate(scattered) if s[0].shape[0] <= bin_len]
     if not fits:
         raise ValueError(
             f"make_dataset(process_local=True): process {jax.process_index()} has no "
@@ -111,7 +111,7 @@ def _empty_rows(experiments, scattered, T: int, rows: int, dtype: np.dtype, bin_
             "give every process at least one short experiment."
         )
     i = fits[0]
-    fields, _ = stack_bucket([experiments[i]], [scattered[i]], T, rows, dtype)
+    fields, _ = stack_bucket([experiments[i]], [scattered[i]], bin_len, rows, dtype)
     fields["row_weights"] = np.zeros_like(fields["row_weights"])
     fields["mask"] = np.zeros_like(fields["mask"])
     fields["y_observed"] = np.zeros_like(fields["y_observed"])
@@ -167,7 +167,7 @@ def process_local_buckets(
                 [experiments[i] for i in mine], [scattered[i] for i in mine], bin_len, rows, dtype
             )
         else:
-            fields, _ = _empty_rows(experiments, scattered, bin_len, rows, dtype, bin_len)
+            fields, _ = _empty_rows(experiments, scattered, bin_len, rows, dtype)
         total_obs = multihost_utils.process_allgather(np.asarray(fields["n_obs"], np.int64))
         fields["n_obs"] = np.asarray(int(np.sum(total_obs)), np.int32)
         _check_trailing_shapes(fields, bin_len)

@@ -266,8 +266,9 @@ def _build(where, jitted, trainable, spec, tp_weight, return_status) -> _BucketK
     _check_build(f"build_{where}", *spec[:4])
     _check_tp(spec[4], tp_weight)
     objective = _Objective(*spec)
-    status = return_status
-    return _BucketKernel(jitted, objective, trainable, tp_weight, status, where, _score_bucket)
+    return _BucketKernel(
+        jitted, objective, trainable, tp_weight, return_status, where, _score_bucket
+    )
 
 
 def build_bucket_step(

@@ -56,12 +56,6 @@ _PENALTY_KERNELS: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 _OPTIMIZERS: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 
 
-def clear_caches() -> None:
-    """Forget every cached kernel (the next run builds and compiles afresh)."""
-    for table in (_MODEL_KERNELS, _PENALTY_KERNELS, _OPTIMIZERS):
-        table.clear()
-
-
 def _cached(table: collections.OrderedDict[Any, Any], key: Any, build: Callable[[], Any]) -> Any:
     try:
         hash(key)

@@ -100,11 +100,9 @@ def _all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
 
 
-def any_solved(failed: tuple[jax.Array, ...], row_weights: tuple[Any, ...]) -> jax.Array:
+def any_solved(failed: tuple[jax.Array, ...], row_weights: tuple[jax.Array, ...]) -> jax.Array:
     """Whether at least one real (non-padding) row of any bucket solved."""
-    ok = [
-        (~f if w is None else ~f & (w > 0)).any() for f, w in zip(failed, row_weights, strict=True)
-    ]
+    ok = [(~f & (w > 0)).any() for f, w in zip(failed, row_weights, strict=True)]
     return jnp.any(jnp.stack(ok))
 
 
@@ -193,14 +191,12 @@ def take_step(
     )
 
 
-def _solver_effort(steps: tuple[jax.Array, ...], row_weights: tuple[Any, ...]) -> jax.Array:
+def _solver_effort(steps: tuple[jax.Array, ...], row_weights: tuple[jax.Array, ...]) -> jax.Array:
     """`[B, 4]`: per bucket, mean and max accepted steps, then mean and max rejected steps,
     over its real rows whose counts are known (NaN when none is)."""
     out = []
     for s, w in zip(steps, row_weights, strict=True):
-        known = s[:, 0] >= 0
-        if w is not None:
-            known = known & (w > 0)
+        known = (s[:, 0] >= 0) & (w > 0)
         n = known.sum()
         x = jnp.where(known[:, None], s, 0).astype(jnp.float32)
         mean = jnp.where(n > 0, x.sum(axis=0) / jnp.maximum(n, 1), jnp.nan)
