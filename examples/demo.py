@@ -199,8 +199,8 @@ def main() -> None:
     if not lead:
         return
     if count > 1:
-        # The plots read every experiment on this process's devices alone (metrics would be
-        # gathered, plots are not); the trained bank is replicated, so its values are here.
+        # plot_fit on the global dataset would gather it, a collective every process joins;
+        # process 0 plots alone from a local copy instead (the trained bank is replicated).
         bank = jax.tree.map(lambda x: np.asarray(x) if isinstance(x, jax.Array) else x, bank)
         local = hk.make_row_mesh(jax.local_devices())
         dataset = P.make_dataset(size, dtype=dtype, mesh=local)

@@ -127,6 +127,16 @@ def main() -> None:
     predictions = hk.predict_dataset(
         (bank,), dataset, P.simulate, P.state_to_output, P.make_solver(jnp.float64)
     )
+    # Dense curves read rows one by one: the buckets are gathered first, on every process.
+    dense = hk.predict_dense(
+        (bank,), dataset, P.simulate, P.state_to_output, P.make_solver(jnp.float64), n_points=5
+    )
+    result["dense"] = [np.asarray(pred).tolist() for _, pred in dense]
+    if args.process_local:
+        try:
+            hk.split_dataset_by_ids(dataset, [dataset.experiments[0].exp_id])
+        except ValueError as error:
+            result["split_error"] = str(error)
     per_experiment = hk.metrics_table(
         hk.predictions_table(dataset, predictions), by=("experiment", "variable")
     )

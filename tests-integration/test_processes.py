@@ -143,6 +143,19 @@ def test_process_local_metrics_are_global_and_match_the_full_list(process_local,
         assert len(names) == len(set(names)) == 8
 
 
+def test_dense_predictions_are_global_on_every_process(process_local, two_processes, one_process):
+    want = [np.asarray(d) for d in one_process["dense"]]
+    for result in [*process_local, *two_processes[0]]:
+        for got, expected in zip(result["dense"], want, strict=True):
+            np.testing.assert_allclose(got, expected, rtol=RELATIVE_TOLERANCE, atol=0.0)
+
+
+def test_a_process_local_dataset_refuses_a_split(process_local):
+    for result in process_local:
+        assert result["split_error"].startswith("split_dataset_by_ids: ")
+        assert "process_local=True" in result["split_error"]
+
+
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory, cache):
     out = tmp_path_factory.mktemp("killed")

@@ -6,8 +6,11 @@ array over other processes' devices does, and a `process_allgather` that hands b
 rows. The several-process behaviour is tested in tests-integration/test_processes.py.
 """
 
+import dataclasses
 from types import SimpleNamespace
 
+import diffrax
+import jax
 import numpy as np
 import pytest
 from jax.experimental import multihost_utils
@@ -111,3 +114,54 @@ def test_failed_exp_ids_gathers_spread_flags(dataset, gathered):
     flags = [np.ones(len(ids), bool) for ids in dataset.exp_ids]
     assert hk.failed_exp_ids(dataset, [_Spread(f) for f in flags]) == ("e3", "e5", "e6")
     assert len(gathered) == len(flags)
+
+
+def _simulate(predictors, ts, covariates, y0, solver):
+    return y0[None, :] + predictors * ts[:, None]
+
+
+def _identity(state):
+    return state
+
+
+def test_predict_dense_gathers_spread_buckets(dataset, gathered):
+    solver = hk.SolverConfig(diffrax.Tsit5(), rtol=1e-6, atol=1e-8, max_steps=64, dt0=0.1)
+    spread = dataclasses.replace(
+        dataset,
+        bucket_payloads=tuple(
+            bp._replace(ts=_Spread(bp.ts), y0=_Spread(bp.y0)) for bp in dataset.bucket_payloads
+        ),
+    )
+    slope = np.asarray(0.5)
+    got = hk.predict_dense(slope, spread, _simulate, _identity, solver, n_points=7)
+    want = hk.predict_dense(slope, dataset, _simulate, _identity, solver, n_points=7)
+    assert len(gathered) == 2 * len(dataset.bucket_payloads)  # ts and y0 of every bucket
+    for (ts, pred), (ts_want, pred_want) in zip(got, want, strict=True):
+        np.testing.assert_array_equal(ts, ts_want)
+        np.testing.assert_array_equal(pred, pred_want)
+
+
+def test_predict_dense_reads_a_whole_dataset_without_gathering(dataset, gathered):
+    solver = hk.SolverConfig(diffrax.Tsit5(), rtol=1e-6, atol=1e-8, max_steps=64, dt0=0.1)
+    hk.predict_dense(np.asarray(0.5), dataset, _simulate, _identity, solver, n_points=3)
+    assert gathered == []
+
+
+@pytest.mark.parametrize(
+    "where, call",
+    [
+        ("split_dataset", lambda d: hk.split_dataset(d, key=jax.random.key(0))),
+        ("split_dataset_by_ids", lambda d: hk.split_dataset_by_ids(d, ["e3"])),
+        ("make_bootstrap_dataset", lambda d: hk.make_bootstrap_dataset(d, key=jax.random.key(0))),
+    ],
+)
+def test_subsets_of_a_process_local_dataset_are_refused(dataset, where, call):
+    local = dataclasses.replace(dataset, process_local=True)
+    with pytest.raises(ValueError, match=rf"^{where}: .*process_local=True.*Split the experiment"):
+        call(local)
+
+
+def test_a_single_process_dataset_is_not_marked_process_local():
+    local = hk.make_dataset(_experiments(), output_channel_names=["y"], process_local=True)
+    assert local.process_local is False
+    assert len(hk.split_dataset_by_ids(local, ["e3"])[1].experiments) == 1

@@ -82,6 +82,8 @@ class Dataset(eqx.Module):
     - `experiments`: the source experiments, so subsets can be re-bucketed.
     - `bucket_policy`, `max_shapes`, `dtype`, `mesh`, `planned_steps`: the options it was built
         with; subsets reuse them.
+    - `process_local`: built by `make_dataset(process_local=True)` in a run of several
+        processes: `experiments` are this process's own, `bucket_payloads` and `exp_ids` global.
     """
 
     bucket_payloads: tuple[BucketPayload, ...]
@@ -94,6 +96,7 @@ class Dataset(eqx.Module):
     dtype: str = eqx.field(static=True, default="float32")
     mesh: Any = eqx.field(static=True, default=None)
     planned_steps: int | None = eqx.field(static=True, default=None)
+    process_local: bool = eqx.field(static=True, default=False)
 
     @property
     def n_experiments(self) -> int:
@@ -194,8 +197,9 @@ def make_dataset(
     bins = choose_bins(lengths, bucket_policy, max_shapes, planned_steps)
 
     payloads, ids = [], []
+    process_local = process_local and jax.process_count() > 1
     # --- process-local data (several processes, each with its own experiments) ---
-    if process_local and jax.process_count() > 1:
+    if process_local:
         from hybrid_kernels._distributed import process_local_buckets
 
         fields, ids = process_local_buckets(
@@ -227,6 +231,7 @@ def make_dataset(
         dtype=np.dtype(np_dtype).name,
         mesh=mesh,
         planned_steps=planned_steps,
+        process_local=process_local,
     )
 
 

@@ -21,10 +21,12 @@ what this process does not hold, so every process gets the same, global result.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -43,6 +45,22 @@ def to_host(x: Any) -> np.ndarray:
     if getattr(x, "is_fully_addressable", True):
         return np.asarray(x)
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def held_whole(dataset: Any) -> Any:
+    """`dataset` with every bucket held whole by this process, on its default device.
+
+    A bucket whose rows are spread over several processes' devices is gathered (a collective:
+    every process must call this); a dataset this process already holds whole is returned as
+    it is. For the host-side readers that walk rows one by one (`predict_dense`, `plot_fit`).
+    """
+    leaves = jax.tree.leaves(dataset.bucket_payloads)
+    if all(getattr(x, "is_fully_addressable", True) for x in leaves):
+        return dataset
+    payloads = tuple(
+        jax.tree.map(lambda x: jnp.asarray(to_host(x)), bp) for bp in dataset.bucket_payloads
+    )
+    return dataclasses.replace(dataset, bucket_payloads=payloads)
 
 
 def _gather_ints(values: np.ndarray) -> list[np.ndarray]:

@@ -17,7 +17,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from hybrid_kernels._dispatch import _strong
-from hybrid_kernels._distributed import to_host
+from hybrid_kernels._distributed import held_whole, to_host
 from hybrid_kernels._errors import no_host_callbacks
 from hybrid_kernels._kernels import predict_bucket_obs
 from hybrid_kernels._preflight import check_int
@@ -107,7 +107,8 @@ def predict_dense(
     - `n_points`: grid size when `ts_grid` is `None` (at least 2).
 
     **Returns:** per bucket, the pair `(ts [N, P], predictions [N, P, D])`. A new `P` is a new
-    shape, compiled once.
+    shape, compiled once. With several processes every process gets every row (the buckets
+    are gathered first, so every process must call this), computed on its own device.
     """
     if ts_grid is not None:
         grid = np.asarray(ts_grid, dtype=np.float64)
@@ -118,7 +119,7 @@ def predict_dense(
     else:
         check_int(n_points, "predict_dense: `n_points`", minimum=2)
     out = []
-    for bp in dataset.bucket_payloads:
+    for bp in held_whole(dataset).bucket_payloads:
         ts = np.asarray(bp.ts, dtype=np.float64)
         if ts_grid is not None:
             dense = np.broadcast_to(grid, (ts.shape[0], grid.size))

@@ -17,6 +17,20 @@ from hybrid_kernels._data import Dataset, _rebucketed
 from hybrid_kernels._preflight import check_int
 
 
+def _refuse_process_local(dataset: Dataset, where: str) -> None:
+    # Each process holds only its own experiments: a subset drawn here would differ between
+    # processes (and a part empty on one of them would leave the others waiting in a
+    # collective), so the split has to happen on the experiment list, before make_dataset.
+    if dataset.process_local:
+        raise ValueError(
+            f"{where}: `dataset` was built with make_dataset(process_local=True), so this "
+            "process holds only its own experiments and a subset drawn here would differ "
+            "between processes. Split the experiment list first, by the same rule on every "
+            "process (for example by exp_id), then call make_dataset(process_local=True) once "
+            "per part."
+        )
+
+
 def split_dataset(
     dataset: Dataset,
     *,
@@ -29,7 +43,8 @@ def split_dataset(
 
     **Arguments:**
 
-    - `dataset`: the dataset to split (it must still hold its source experiments).
+    - `dataset`: the dataset to split (it must still hold its source experiments, and not be
+        process-local: split the experiment list before `make_dataset(process_local=True)`).
     - `train`, `val`, `test`: fractions in [0, 1] summing to 1. Each size is
         `floor(fraction * n)`, and the experiments this leaves over go to the last split, in
         the order train, val, test, whose fraction is positive (test, unless `test=0`). A zero
@@ -39,6 +54,7 @@ def split_dataset(
 
     **Returns:** `(train, val, test)`. An empty split has no payloads.
     """
+    _refuse_process_local(dataset, "split_dataset")
     fracs = {"train": train, "val": val, "test": test}
     for name, f in fracs.items():
         if not (isinstance(f, int | float) and 0.0 <= f <= 1.0):
@@ -75,6 +91,7 @@ def make_bootstrap_dataset(
     - `key`: a `jax.random` key.
     - `n_experiments`: sample size; defaults to the source's experiment count.
     """
+    _refuse_process_local(dataset, "make_bootstrap_dataset")
     exps = dataset.experiments
     if not exps:
         raise ValueError("make_bootstrap_dataset: `dataset` holds no experiments to resample.")
@@ -95,6 +112,7 @@ def split_dataset_by_ids(dataset: Dataset, exp_ids: Sequence[str]) -> tuple[Data
     **Returns:** `(rest, selected)`, each built with `dataset`'s options; `selected` keeps the
     order of `exp_ids`. An empty part has no payloads.
     """
+    _refuse_process_local(dataset, "split_dataset_by_ids")
     if isinstance(exp_ids, str):
         raise TypeError(
             f"split_dataset_by_ids: `exp_ids` must be a sequence of ids, got the string "

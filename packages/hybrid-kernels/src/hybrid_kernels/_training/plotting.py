@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from hybrid_kernels._distributed import held_whole
 from hybrid_kernels._optional import require
 from hybrid_kernels._prediction import predict_dense
 
@@ -110,9 +111,11 @@ def plot_fit(
     - `n_points`: points of the dense grid per experiment.
     - `channels`: names of the output channels to show; `None` shows all.
 
-    **Returns:** the matplotlib `Figure`.
+    **Returns:** the matplotlib `Figure`. With several processes, call it on every process
+    (rows held by other processes are gathered) and save the figure from process 0.
     """
     plt = require("matplotlib.pyplot", "plot", "Plots")
+    dataset = held_whole(dataset)  # rows spread over several processes are gathered first
     names = list(dataset.output_channel_names)
     shown = names if channels is None else list(channels)
     for name in shown:
