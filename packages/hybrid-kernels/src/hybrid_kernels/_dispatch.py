@@ -1,14 +1,14 @@
 """Host side of every kernel call: argument coercion, first-use checks, dispatch.
 
 Everything here runs in Python before a compiled kernel is dispatched, so it is kept cheap:
-one flatten of the predictors per call, cached scalar arrays, and a shape key that is a handful
-of tuples. The compiled bodies live in `hybrid_kernels._kernels`.
+one flatten of the predictors per call, cached scalar arrays, a shape key that is a handful of
+tuples, and a dispatch that hashes only the predictors' structure (`_FlatKernel`). The compiled
+bodies live in `hybrid_kernels._kernels`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +20,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jaxtyping import Array
 
+from hybrid_kernels import _flat_jit as fj
 from hybrid_kernels import _preflight as pf
 from hybrid_kernels._data import BucketPayload
 from hybrid_kernels._dtypes import default_float
@@ -114,31 +115,31 @@ def _explain_backsolve(error: Exception, solver: SolverConfig) -> None:
 
 
 class _BucketKernel:
-    """Host wrapper around one jitted bucket function: coercion, first-use checks, dispatch."""
+    """Host wrapper around one bucket body: coercion, first-use checks, dispatch."""
 
-    def __init__(self, jitted, objective, trainable, tp_weight, return_status, where, diagnose):
-        # The jitted function is module-level and takes the objective (and mask) as static
-        # arguments: kernels built from equal arguments share one compile cache, so rebuilding
-        # a kernel (a new run, an ensemble member, an optimiser reset) never recompiles.
-        static = (objective,) if trainable is None else (objective, trainable)
-        self._jitted = functools.partial(jitted, *static)
-        self._lower = lambda *a: jitted.lower(*static, *a)
+    def __init__(self, body, objective, trainable, tp_weight, return_status, where, diagnose):
+        # Bound once into one jitted entry (`_flat_jit`): kernels built from equal arguments
+        # share it, so rebuilding a kernel (a new run, an ensemble member, an optimiser reset)
+        # never recompiles, and a call hashes only the predictors' structure.
+        bound = (objective,) if trainable is None else (objective, trainable)
+        self._run = fj.entry(body, *bound)
         self._objective = objective
         self._trainable = trainable
         self._tp_weight = tp_weight
         self._return_status = return_status
         self._where = where
-        # The forward-only jitted body, rerun with throw=False to find failed rows on error.
+        # The forward-only body, rerun with throw=False to find failed rows on error.
         self._diagnose = diagnose
         self._seen: set = set()
         self.last_solver_steps: Array | None = None
 
-    def __call__(self, predictors, bp, length_mask_fraction, trajectory_penalty_weight=None):
+    def _arguments(self, predictors, bp, length_mask_fraction, trajectory_penalty_weight):
+        """Check and coerce one call's arguments: `(static, dynamic, fraction, weight)`."""
         if not isinstance(bp, BucketPayload):
             raise TypeError(
                 f"{self._where}: `bp` must be a BucketPayload, got {type(bp).__name__}."
             )
-        predictors, treedef = _strong_flat(predictors)
+        static, dynamic = fj.flatten(predictors)
         if isinstance(length_mask_fraction, float | int):
             pf.check_fraction(length_mask_fraction)
         weight = self._tp_weight if trajectory_penalty_weight is None else trajectory_penalty_weight
@@ -146,20 +147,25 @@ class _BucketKernel:
         # a shape is first used, so a loop passing device scalars never syncs with the host.
         if trajectory_penalty_weight is not None and not isinstance(weight, jax.Array):
             _check_tp(self._objective.trajectory_penalty_fn, weight)
-        key = _shape_key(treedef, bp)
+        key = _shape_key(static[0], bp)
         if key not in self._seen:
             pf.check_fraction(length_mask_fraction)
             _check_tp(self._objective.trajectory_penalty_fn, weight)
+            strong = fj.unflatten(static, dynamic)
             if self._trainable is not None:
-                pf.check_trainable(self._trainable, predictors)
-            pf.check_dtypes(predictors, bp, self._where)
+                pf.check_trainable(self._trainable, strong)
+            pf.check_dtypes(strong, bp, self._where)
             self._seen.add(key)
-        fraction, weight = _scalar(length_mask_fraction), _scalar(weight)
+        return static, dynamic, _scalar(length_mask_fraction), _scalar(weight)
+
+    def __call__(self, predictors, bp, length_mask_fraction, trajectory_penalty_weight=None):
+        args = self._arguments(predictors, bp, length_mask_fraction, trajectory_penalty_weight)
+        throw = self._objective.solver.throw
         try:
-            out = self._jitted(predictors, bp, fraction, weight)
+            out = fj.call(self._run, *args[:2], bp, *args[2:], wait=throw)
         except eqx.EquinoxRuntimeError as e:
-            if self._objective.solver.throw and not isinstance(e, RowSolveError):
-                self._name_failed_rows(e, predictors, bp, fraction, weight)
+            if throw and not isinstance(e, RowSolveError):
+                self._name_failed_rows(e, args, bp)
             raise
         except Exception as e:
             _explain_backsolve(e, self._objective.solver)
@@ -170,21 +176,24 @@ class _BucketKernel:
         value = tuple(out[:-1])  # drop the failure flags
         return value[0] if len(value) == 1 else value
 
-    def _name_failed_rows(self, error, predictors, bp, fraction, weight) -> None:
+    def _name_failed_rows(self, error, args, bp) -> None:
         """Raise `RowSolveError` naming the rows whose solve fails (the error path only).
 
         Under `vmap` a throwing solve fails the whole bucket without saying which row failed,
         so the bucket is solved again forward-only with `throw=False`, whose per-row flags say.
         That compiles one more kernel, but only once an error has already stopped the call.
         """
+        static, dynamic, fraction, weight = args
         solver = dataclasses.replace(self._objective.solver, throw=False)
         objective = dataclasses.replace(self._objective, solver=solver)
         try:
-            _, failed, _ = self._diagnose(objective, predictors, bp, fraction, weight)
+            run = fj.entry(self._diagnose, objective)
+            _, failed, _ = fj.call(run, static, dynamic, bp, fraction, weight, wait=False)
+            failed = np.asarray(failed)
         except Exception:  # the diagnosis must never hide the original error
             return
         real = np.asarray(bp.row_weights) > 0
-        rows = tuple(int(r) for r in np.flatnonzero(np.asarray(failed) & real))
+        rows = tuple(int(r) for r in np.flatnonzero(failed & real))
         if not rows:
             return
         raise RowSolveError(
@@ -196,6 +205,8 @@ class _BucketKernel:
         ) from error
 
     def lower(self, predictors, bp, length_mask_fraction, trajectory_penalty_weight=None):
-        """AOT-lower for one bucket shape (e.g. `.lower(...).compile()` to warm up)."""
-        weight = self._tp_weight if trajectory_penalty_weight is None else trajectory_penalty_weight
-        return self._lower(_strong(predictors), bp, _scalar(length_mask_fraction), _scalar(weight))
+        """AOT-lower for one bucket shape (`jax.jit`'s `Lowered`; `.compile()` to warm up)."""
+        static, dynamic, fraction, weight = self._arguments(
+            predictors, bp, length_mask_fraction, trajectory_penalty_weight
+        )
+        return self._run.lower(static, dynamic, bp, fraction, weight)

@@ -199,11 +199,10 @@ class _Objective(eqx.Module):
         return full, failed, bp, steps
 
 
-# The compiled bodies. Module-level, with every callable passed as a static argument, so the
+# The bodies. Module-level and jitted with the objective bound (`_flat_jit.entry`), so the
 # compile cache is keyed on *what* a kernel computes rather than on which closure built it.
 
 
-@eqx.filter_jit
 def _bucket_step(objective, trainable, predictors, bp, fraction, tp_weight):
     with no_host_callbacks(not objective.solver.throw):
         diff, static = eqx.partition(predictors, trainable)
@@ -225,7 +224,6 @@ def _bucket_step(objective, trainable, predictors, bp, fraction, tp_weight):
     return loss, grads, failed, steps
 
 
-@eqx.filter_jit
 def _score_bucket(objective, predictors, bp, fraction, tp_weight):
     with no_host_callbacks(not objective.solver.throw):
         loss, (failed, steps) = objective(predictors, bp, fraction, tp_weight)

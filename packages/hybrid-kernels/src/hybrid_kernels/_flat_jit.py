@@ -1,0 +1,143 @@
+"""One compiled entry point per kernel, dispatched without walking its static parts.
+
+`eqx.filter_jit` partitions every argument into arrays and static parts on every call: for a
+bucket kernel that includes the objective (solver config, callables) and the trainable mask,
+which never change between calls. Timed with a trivial body and the bank model's arguments
+(`docs/benchmarks/kernels.md`): 46 µs per call through `filter_jit` with the objective and
+mask as arguments, 34 µs with only the predictors and the bucket, 18 µs for this module's
+flatten and `jax.jit` dispatch. Here the static parts are bound once, when the kernel is
+built, into a plain `jax.jit` whose one static argument is the predictors' structure (treedef
+and non-array leaves), so a call flattens only the predictors and the bucket.
+
+Equal static parts share one entry (and so one compile cache), as they shared `filter_jit`'s:
+rebuilding a kernel for a new run or an ensemble member never recompiles.
+
+Runtime errors: `throw=True` kernels contain equinox's checks (host callbacks). Their failure
+reaches `jax.jit` as a `JaxRuntimeError` that carries equinox's message; `call` waits for such
+a kernel's result, as `filter_jit` does, and re-raises it as `eqx.EquinoxRuntimeError` with
+that message, so callers see the error at the call that caused it. `throw=False` kernels
+contain no callbacks and are dispatched asynchronously.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.tree_util as jtu
+
+_ENTRIES: dict[tuple, Callable] = {}
+_MAX_ENTRIES = 1024
+
+
+class _Static(eqx.Module):
+    """Non-array outputs (`None` gradients of frozen leaves are not leaves) ride in the
+    output's treedef, so `jax.jit` can return them."""
+
+    value: Any = eqx.field(static=True)
+
+
+def flatten(tree: Any) -> tuple[tuple, list]:
+    """`(static, dynamic)` of a pytree: `static = (treedef, leaves with None for arrays)`.
+
+    `static` is what the compiled program depends on besides shapes; `dynamic` are the array
+    leaves, in order. Weak-typed arrays are given a strong type here, so an optimiser update
+    (which returns strong arrays) never changes the cache key.
+    """
+    leaves, treedef = jtu.tree_flatten(tree)
+    static, dynamic = [], []
+    for x in leaves:
+        if eqx.is_array(x):
+            if isinstance(x, jax.Array) and x.weak_type:
+                x = jax.numpy.asarray(x, dtype=x.dtype)
+            dynamic.append(x)
+            static.append(None)  # None is never a leaf, so it can mark an array's place
+        else:
+            static.append(x)
+    return (treedef, tuple(static)), dynamic
+
+
+def unflatten(static: tuple, dynamic: list) -> Any:
+    """Inverse of `flatten`."""
+    treedef, leaves = static
+    it = iter(dynamic)
+    return jtu.tree_unflatten(treedef, [next(it) if x is None else x for x in leaves])
+
+
+def entry(body: Callable, *bound: Any) -> Callable:
+    """`run(static, dynamic, *args) = body(*bound, unflatten(static, dynamic), *args)`, jitted.
+
+    `bound` (the objective, the mask, ...) must be hashable pytrees of non-array leaves; equal
+    `bound` give the same `run`. `run.lower(...)` is `jax.jit`'s AOT lowering.
+    """
+    flat = [flatten(b) for b in bound]
+    # A bound part with array leaves cannot be a cache key (it is refused later, at the first
+    # call's checks, with the user's names); it gets an entry of its own.
+    key = None if any(d for _, d in flat) else (body, *(s for s, _ in flat))
+    run = None if key is None else _ENTRIES.get(key)
+    if run is None:
+
+        def call(static, dynamic, *args):
+            out = body(*bound, unflatten(static, dynamic), *args)
+            arrays, rest = eqx.partition(out, eqx.is_array)
+            return arrays, _Static(rest if jtu.tree_leaves(rest) else None)
+
+        call.__name__ = call.__qualname__ = getattr(body, "__name__", "kernel")
+        run = jax.jit(call, static_argnums=0)
+        if key is not None:
+            if len(_ENTRIES) >= _MAX_ENTRIES:
+                _ENTRIES.clear()
+            _ENTRIES[key] = run
+    return run
+
+
+class _QuietCallbackFailure(logging.Filter):
+    # jax logs a failed callback with its traceback before raising; the error we raise says it.
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "jax._src.callback" and "callback failed" in record.getMessage())
+
+
+_CALLBACK_LOGGER = logging.getLogger("jax._src.callback")
+_QUIET = _QuietCallbackFailure()
+
+
+@contextlib.contextmanager
+def _quiet_callbacks() -> Iterator[None]:
+    _CALLBACK_LOGGER.addFilter(_QUIET)
+    try:
+        yield
+    finally:
+        _CALLBACK_LOGGER.removeFilter(_QUIET)
+
+
+def equinox_message(error: BaseException) -> str | None:
+    """The message of the equinox check that failed inside `error`, or None if it is not one."""
+    text = str(error)
+    marker = "EquinoxRuntimeError: "
+    if marker not in text:
+        return None
+    message = text.split(marker, 1)[1]
+    # jax appends equinox's advice to use filter_jit after a dashed rule; that is not ours.
+    return message.split("\n---", 1)[0].strip()
+
+
+def call(run: Callable, static: tuple, dynamic: list, *args: Any, wait: bool) -> Any:
+    """Dispatch `run`; with `wait`, block on the result and raise a failed equinox check as
+    `eqx.EquinoxRuntimeError` (the solver's reason as its message)."""
+    if not wait:
+        arrays, rest = run(static, dynamic, *args)
+        return arrays if rest.value is None else eqx.combine(arrays, rest.value)
+    with _quiet_callbacks():
+        try:
+            arrays, rest = run(static, dynamic, *args)
+            jax.block_until_ready(arrays)
+        except jax.errors.JaxRuntimeError as e:
+            message = equinox_message(e)
+            if message is None:
+                raise
+            raise eqx.EquinoxRuntimeError(message) from None
+    return arrays if rest.value is None else eqx.combine(arrays, rest.value)
