@@ -112,3 +112,26 @@ def test_a_mask_with_array_leaves_is_still_refused_by_name():
     )
     with pytest.raises(ValueError, match="trainable"):
         step(predictors, _bucket(), 1.0)
+
+
+class UnhashableSimulate:
+    """A callable object that defines `__eq__` without `__hash__`, so it cannot be hashed."""
+
+    def __eq__(self, other):
+        return self is other
+
+    def __call__(self, predictors, ts, covariates, y0, solver):
+        return boxed_simulate(predictors, ts, covariates, y0, solver)
+
+
+def test_an_unhashable_simulate_fn_works_and_is_shared_only_with_itself():
+    predictors = (Box(Rate(jnp.asarray(0.3, jnp.float64))),)
+    simulate, other = UnhashableSimulate(), UnhashableSimulate()
+    with pytest.raises(TypeError):
+        hash(simulate)
+    a = hk.build_bucket_step(simulate, identity, tiny_solver(), hk.masked_mse, (Box(True),))
+    b = hk.build_bucket_step(simulate, identity, tiny_solver(), hk.masked_mse, (Box(True),))
+    c = hk.build_bucket_step(other, identity, tiny_solver(), hk.masked_mse, (Box(True),))
+    loss, grads = a(predictors, _bucket(), 1.0)
+    assert a._run is b._run and a._run is not c._run
+    assert np.isfinite(float(loss)) and np.isfinite(float(grads[0].child.k))

@@ -2,8 +2,8 @@
 
 Everything here runs in Python before a compiled kernel is dispatched, so it is kept cheap:
 one flatten of the predictors per call, cached scalar arrays, a shape key that is a handful of
-tuples, and a dispatch that hashes only the predictors' structure (`_FlatKernel`). The compiled
-bodies live in `hybrid_kernels._kernels`.
+tuples, and a dispatch whose static parts were bound when the kernel was built
+(`hybrid_kernels._flat_jit`). The compiled bodies live in `hybrid_kernels._kernels`.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class _BucketKernel:
     def __init__(self, body, objective, trainable, tp_weight, return_status, where, diagnose):
         # Bound once into one jitted entry (`_flat_jit`): kernels built from equal arguments
         # share it, so rebuilding a kernel (a new run, an ensemble member, an optimiser reset)
-        # never recompiles, and a call hashes only the predictors' structure.
+        # never recompiles, and a call flattens only the predictors and the bucket.
         bound = (objective,) if trainable is None else (objective, trainable)
         self._run = fj.entry(body, *bound)
         self._objective = objective

@@ -71,14 +71,19 @@ def unflatten(static: tuple, dynamic: list) -> Any:
 def entry(body: Callable, *bound: Any) -> Callable:
     """`run(static, dynamic, *args) = body(*bound, unflatten(static, dynamic), *args)`, jitted.
 
-    `bound` (the objective, the mask, ...) must be hashable pytrees of non-array leaves; equal
+    `bound` (the objective, the mask, ...) are pytrees of non-array leaves; equal hashable
     `bound` give the same `run`. `run.lower(...)` is `jax.jit`'s AOT lowering.
     """
     flat = [flatten(b) for b in bound]
-    # A bound part with array leaves cannot be a cache key (it is refused later, at the first
-    # call's checks, with the user's names); it gets an entry of its own.
+    # A bound part with array leaves (refused later, at the first call's checks, with the
+    # user's names) or an unhashable one (a callable object without `__hash__`) cannot be a
+    # cache key: it gets an entry of its own, and since it is closed over rather than passed
+    # as a static argument, jax never needs to hash it.
     key = None if any(d for _, d in flat) else (body, *(s for s, _ in flat))
-    run = None if key is None else _ENTRIES.get(key)
+    try:
+        run = None if key is None else _ENTRIES.get(key)
+    except TypeError:
+        key = run = None
     if run is None:
 
         def call(static, dynamic, *args):
