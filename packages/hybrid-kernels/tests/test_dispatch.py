@@ -135,3 +135,21 @@ def test_an_unhashable_simulate_fn_works_and_is_shared_only_with_itself():
     loss, grads = a(predictors, _bucket(), 1.0)
     assert a._run is b._run and a._run is not c._run
     assert np.isfinite(float(loss)) and np.isfinite(float(grads[0].child.k))
+
+
+@pytest.mark.parametrize("throw", [True, False])
+def test_a_kernel_called_inside_jit_and_vmap_gives_the_direct_result(throw):
+    predictors = (Box(Rate(jnp.asarray(0.3, jnp.float64))),)
+    step = hk.build_bucket_step(
+        boxed_simulate, identity, tiny_solver(throw=throw), hk.masked_mse, (Box(True),)
+    )
+    bp = _bucket()
+    loss, grads = step(predictors, bp, 1.0)
+    inner_loss, inner_grads = eqx.filter_jit(lambda p: step(p, bp, 1.0))(predictors)
+    # Compiled inside another program, XLA may fuse differently: equal to the last bits only.
+    assert float(inner_loss) == pytest.approx(float(loss), rel=1e-14)
+    assert float(inner_grads[0].child.k) == pytest.approx(float(grads[0].child.k), rel=1e-14)
+    rates = jnp.asarray([0.3, 0.6], jnp.float64)
+    swept = jax.vmap(lambda k: step((Box(Rate(k)),), bp, 1.0)[0])(rates)
+    assert float(swept[0]) == pytest.approx(float(loss), rel=1e-14)
+    assert float(swept[1]) != float(swept[0])
