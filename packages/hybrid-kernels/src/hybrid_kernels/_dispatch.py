@@ -28,15 +28,11 @@ from hybrid_kernels._errors import RowSolveError, solver_reason
 from hybrid_kernels._solver import SolverConfig
 
 
-def _is_weak(x: Any) -> bool:
-    return isinstance(x, jax.Array) and x.weak_type
-
-
 def _strong_flat(tree: Any) -> tuple[Any, Any]:
     """`(tree with weak-typed array leaves made strong, treedef)`, flattening only once."""
     leaves, treedef = jtu.tree_flatten(tree)
-    if any(_is_weak(x) for x in leaves):
-        leaves = [jnp.asarray(x, dtype=x.dtype) if _is_weak(x) else x for x in leaves]
+    if any(fj.is_weak(x) for x in leaves):
+        leaves = [fj.strong(x) if fj.is_weak(x) else x for x in leaves]
         tree = jtu.tree_unflatten(treedef, leaves)
     return tree, treedef
 

@@ -81,10 +81,28 @@ class RowSolveError(eqx.EquinoxRuntimeError):
         self.exp_ids = exp_ids
 
 
+_EQX_PREFIX = "EquinoxRuntimeError: "
+
+
+def _after_equinox_prefix(error: BaseException) -> str | None:
+    """The text of `error` after equinox's error prefix, or None if it has none."""
+    text = str(error)
+    return text.split(_EQX_PREFIX, 1)[1] if _EQX_PREFIX in text else None
+
+
+def equinox_message(error: BaseException) -> str | None:
+    """The message of the equinox check that failed inside `error` (e.g. a `JaxRuntimeError`
+    from a plain `jax.jit`), or None if it is not one."""
+    rest = _after_equinox_prefix(error)
+    if rest is None:
+        return None
+    # jax appends equinox's advice to use filter_jit after a dashed rule; that is not ours.
+    return rest.split("\n---", 1)[0].strip()
+
+
 def solver_reason(error: BaseException) -> str:
     """The one-line reason equinox gives (e.g. "The maximum number of solver steps ...")."""
-    prefix = "EquinoxRuntimeError: "
-    for line in str(error).splitlines():
-        if prefix in line:
-            return line.split(prefix, 1)[1].strip()
+    rest = _after_equinox_prefix(error)
+    if rest is not None:
+        return (rest.splitlines() or [""])[0].strip()
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -30,6 +30,8 @@ import equinox as eqx
 import jax
 import jax.tree_util as jtu
 
+from hybrid_kernels._errors import equinox_message
+
 _ENTRIES: dict[tuple, Callable] = {}
 _MAX_ENTRIES = 1024
 
@@ -39,6 +41,16 @@ class _Static(eqx.Module):
     output's treedef, so `jax.jit` can return them."""
 
     value: Any = eqx.field(static=True)
+
+
+def is_weak(x: Any) -> bool:
+    """Whether `x` is a weak-typed jax array (`jnp.asarray(0.5)`): its dtype may change."""
+    return isinstance(x, jax.Array) and x.weak_type
+
+
+def strong(x: Any) -> Any:
+    """`x` with the same dtype, strongly typed, so an update never changes a cache key."""
+    return jax.numpy.asarray(x, dtype=x.dtype)
 
 
 def flatten(tree: Any) -> tuple[tuple, list]:
@@ -52,9 +64,7 @@ def flatten(tree: Any) -> tuple[tuple, list]:
     static, dynamic = [], []
     for x in leaves:
         if eqx.is_array(x):
-            if isinstance(x, jax.Array) and x.weak_type:
-                x = jax.numpy.asarray(x, dtype=x.dtype)
-            dynamic.append(x)
+            dynamic.append(strong(x) if is_weak(x) else x)
             static.append(None)  # None is never a leaf, so it can mark an array's place
         else:
             static.append(x)
@@ -117,17 +127,6 @@ def _quiet_callbacks() -> Iterator[None]:
         yield
     finally:
         _CALLBACK_LOGGER.removeFilter(_QUIET)
-
-
-def equinox_message(error: BaseException) -> str | None:
-    """The message of the equinox check that failed inside `error`, or None if it is not one."""
-    text = str(error)
-    marker = "EquinoxRuntimeError: "
-    if marker not in text:
-        return None
-    message = text.split(marker, 1)[1]
-    # jax appends equinox's advice to use filter_jit after a dashed rule; that is not ours.
-    return message.split("\n---", 1)[0].strip()
 
 
 def call(run: Callable, static: tuple, dynamic: list, *args: Any, wait: bool) -> Any:
