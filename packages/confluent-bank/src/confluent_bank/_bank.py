@@ -28,7 +28,7 @@ from confluent_bank._host import (
     snapshot_from_host,
 )
 from confluent_bank._records import RefinedPack, SlotMode, as_index
-from confluent_bank._sizes import check_bank_size
+from confluent_bank._sizes import check_confluent_bank_size
 
 if TYPE_CHECKING:
     from confluent_bank._records import TransitionProposal
@@ -297,7 +297,7 @@ def init_confluent_bank(
         raise ValueError(f"dtype must be a real floating dtype, got {float_dtype}")
     int_dtype = jnp.asarray(0).dtype
     _check_tower_order(max_order, base, float_dtype)
-    _check_size(max_packs, max_order, float_dtype, int_dtype)
+    check_confluent_bank_size(max_packs, max_order, float_dtype, int_dtype)
     centers = np.zeros(max_packs, dtype=float_dtype)
     weights = np.zeros(max_packs, dtype=float_dtype)
     scales = np.ones(max_packs, dtype=float_dtype)
@@ -363,24 +363,6 @@ def _check_tower_order(max_order: int, base: str, dtype: Any) -> None:
             f"max_order={max_order} is too high for a {base} bank in {dtype}: {reason} "
             f"(max_order <= {limit - _DERIVATIVE_HEADROOM})"
         )
-
-
-def _check_size(max_packs: int, max_order: int, float_dtype: Any, int_dtype: Any) -> None:
-    call = f"init_confluent_bank(max_packs={max_packs}, max_order={max_order})"
-    if max_packs - 1 > np.iinfo(int_dtype).max:
-        raise ValueError(
-            f"{call}: the slot ids 0..{max_packs - 1} do not fit the metadata integer "
-            f"{np.dtype(int_dtype)} (at most {np.iinfo(int_dtype).max})"
-        )
-    float_blocks = len(PARAMETER_NAMES) - 1  # moment_coefficients is counted on its own
-    check_bank_size(
-        call,
-        [
-            (max_packs * float_blocks + max_packs * (max_order + 1), float_dtype),
-            (4 * max_packs + 1, int_dtype),  # orders, ages, modes, slot_ids; the version
-            (max_packs, np.bool_),
-        ],
-    )
 
 
 def _cast_pack(pack: RefinedPack, slot: int, dtype: Any) -> tuple[Any, Any, Any]:

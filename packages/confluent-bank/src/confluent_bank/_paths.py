@@ -22,15 +22,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# Messages show `Path(path)`, as hybrid-kernels does, so both packages print a path alike.
 
-def _is_a_directory(arg: str, path: str | os.PathLike[str]) -> ValueError:
+
+def _is_a_directory(arg: str, path: Path) -> ValueError:
     return ValueError(f"{arg}={str(path)!r} is a directory; expected a file")
 
 
-def missing_folder(arg: str, path: str | os.PathLike[str]) -> ValueError:
-    """The error for a file to write whose folder does not exist."""
-    parent = Path(path).parent
-    return ValueError(f"{arg}={str(path)!r}: the folder {str(parent)!r} does not exist")
+def _missing_folder(arg: str, path: Path) -> ValueError:
+    return ValueError(f"{arg}={str(path)!r}: the folder {str(path.parent)!r} does not exist")
 
 
 def target_file(path: str | os.PathLike[str], arg: str) -> Path:
@@ -46,9 +46,9 @@ def target_file(path: str | os.PathLike[str], arg: str) -> Path:
     """
     target = Path(path)
     if target.is_dir():
-        raise _is_a_directory(arg, path)
+        raise _is_a_directory(arg, target)
     if not target.parent.is_dir():
-        raise missing_folder(arg, path)
+        raise _missing_folder(arg, target)
     return target
 
 
@@ -67,15 +67,16 @@ def read_file(path: str | os.PathLike[str], arg: str) -> bytes:
     exist (nor does its folder), or cannot be read (the message carries the operating
     system's reason, e.g. "Permission denied").
     """
+    source = Path(path)
     try:
-        return Path(path).read_bytes()
+        return source.read_bytes()
     except IsADirectoryError:
-        raise _is_a_directory(arg, path) from None
+        raise _is_a_directory(arg, source) from None
     except (FileNotFoundError, NotADirectoryError):
         # NotADirectoryError: a component of the path is a file ('bank.json/x').
-        raise ValueError(f"{arg}={str(path)!r} does not exist") from None
+        raise ValueError(f"{arg}={str(source)!r} does not exist") from None
     except OSError as os_error:
         reason = os_error.strerror or str(os_error)
-        if Path(path).is_dir():  # e.g. Windows reports a folder as "Permission denied"
-            raise _is_a_directory(arg, path) from None
-        raise ValueError(f"{arg}={str(path)!r} cannot be read: {reason}") from None
+        if source.is_dir():  # e.g. Windows reports a folder as "Permission denied"
+            raise _is_a_directory(arg, source) from None
+        raise ValueError(f"{arg}={str(source)!r} cannot be read: {reason}") from None

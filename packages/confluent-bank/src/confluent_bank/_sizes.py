@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -56,3 +57,25 @@ def check_bank_size(call: str, blocks: Sequence[tuple[int, np.dtype]]) -> None:
             f"than this machine's physical memory of {memory} bytes ({_readable(memory)}); "
             "reduce max_packs or max_order"
         )
+
+
+def check_confluent_bank_size(
+    max_packs: int, max_order: int, float_dtype: Any, int_dtype: Any
+) -> None:
+    """Refuse an `init_confluent_bank` whose slot ids overflow `int_dtype` or whose blocks
+    would not fit in physical memory (see `check_bank_size`)."""
+    call = f"init_confluent_bank(max_packs={max_packs}, max_order={max_order})"
+    if max_packs - 1 > np.iinfo(int_dtype).max:
+        raise ValueError(
+            f"{call}: the slot ids 0..{max_packs - 1} do not fit the metadata integer "
+            f"{np.dtype(int_dtype)} (at most {np.iinfo(int_dtype).max})"
+        )
+    check_bank_size(
+        call,
+        [
+            # seven per-slot trainable blocks and the moment rows
+            (max_packs * 7 + max_packs * (max_order + 1), float_dtype),
+            (4 * max_packs + 1, int_dtype),  # orders, ages, modes, slot_ids; the version
+            (max_packs, np.bool_),
+        ],
+    )
