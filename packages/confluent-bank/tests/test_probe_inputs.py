@@ -64,6 +64,16 @@ def test_with_parameters_still_traces_under_jit_and_grad(pair_committed_bank):
     ).shape == (2,)
 
 
+def test_with_parameters_does_not_read_arrays_spread_over_other_processes(pair_bank, monkeypatch):
+    # Simulated: in a multi-process run one process cannot read a global array.
+    weights = pair_bank.weights.at[0].set(jnp.nan)
+    read = []
+    monkeypatch.setattr(type(weights), "is_fully_addressable", property(lambda _: False))
+    monkeypatch.setattr(jax, "device_get", lambda tree: read.append(tree) or tree)
+    updated = pair_bank.with_parameters({**pair_bank.parameters, "weights": weights})
+    assert updated.weights is weights and read == [{}]
+
+
 def test_with_parameters_accepts_finite_values_unchanged(pair_bank):
     parameters = {name: value * 0.5 for name, value in pair_bank.parameters.items()}
     updated = pair_bank.with_parameters(parameters)

@@ -120,7 +120,8 @@ class ConfluentPackBank:
 
         Concrete values (outside `jax.jit`, `jax.grad` and `jax.vmap`) must be finite: a NaN
         or an infinity is refused, naming the block and the slots. Traced values are abstract
-        and pass unchecked; this keeps the method usable inside a compiled step.
+        and pass unchecked, which keeps the method usable inside a compiled step, as do arrays
+        spread over several JAX processes, which no single process can read.
 
         Raises `ValueError` for a wrong key set, shape or dtype, or a non-finite concrete
         value.
@@ -333,7 +334,9 @@ def init_confluent_bank(
 def _refuse_non_finite(parameters: Mapping[str, Any]) -> None:
     """`ValueError` naming the block and slots of any NaN or infinite concrete parameter."""
     concrete = {
-        name: value for name, value in parameters.items() if not isinstance(value, jax.core.Tracer)
+        name: value
+        for name, value in parameters.items()
+        if not isinstance(value, jax.core.Tracer) and _readable_here(value)
     }
     for name, value in jax.device_get(concrete).items():  # one transfer for all blocks
         bad = ~np.isfinite(np.asarray(value))
@@ -345,6 +348,11 @@ def _refuse_non_finite(parameters: Mapping[str, Any]) -> None:
                 f"parameter {name} is not finite at slots {slots} (e.g. {first}); "
                 "with_parameters expects finite values"
             )
+
+
+def _readable_here(value: Any) -> bool:
+    # An array spread over several processes cannot be read by one; it is left unchecked.
+    return not isinstance(value, jax.Array) or value.is_fully_addressable
 
 
 def _check_tower_order(max_order: int, base: str, dtype: Any) -> None:
