@@ -193,9 +193,9 @@ def main() -> None:
     )
     wall = time.perf_counter() - started
 
-    # The last optimiser step may leave a spread slightly negative, which a checkpoint cannot
-    # hold; the retracted bank represents the same function.
-    cb.save_checkpoint(out / "bank.json", bank.retract())  # every process calls; 0 writes
+    # The last optimiser step may leave a spread slightly negative; save_checkpoint then saves
+    # bank.retract(), which represents the same function.
+    cb.save_checkpoint(out / "bank.json", bank)  # every process calls; 0 writes
     if not lead:
         return
     if count > 1:

@@ -158,3 +158,13 @@ jax.monitoring.register_event_duration_secs_listener(
         else None
     )
 )
+
+
+def retracted_snapshot(bank: cb.ConfluentPackBank) -> dict:
+    """`bank.portable_snapshot()` with every negative spread at 0 (spec 1.2: the forward reads
+    `where(ρ ≥ 0, ρ, 0)`), computed on the host so that a negative subnormal, which a device
+    flushing subnormals keeps through `retract()`, is projected too."""
+    snapshot = bank.portable_snapshot()
+    rho = snapshot["rho"]["values"]
+    snapshot["rho"]["values"] = [0.0 if value < 0 else value for value in rho]
+    return snapshot

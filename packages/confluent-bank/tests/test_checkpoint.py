@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import os
@@ -213,9 +214,7 @@ def test_a_failed_serialisation_leaves_the_previous_file_intact(tmp_path, pair_b
     path = tmp_path / "bank.json"
     cb.save_checkpoint(path, pair_bank)
     before = path.read_bytes()
-    broken = pair_bank.with_parameters(
-        {**pair_bank.parameters, "weights": pair_bank.weights.at[0].set(jnp.nan)}
-    )
+    broken = dataclasses.replace(pair_bank, weights=pair_bank.weights.at[0].set(jnp.nan))
     with pytest.raises(ValueError):
         cb.save_checkpoint(path, broken)
     assert path.read_bytes() == before

@@ -16,15 +16,6 @@ import confluent_bank._atomic as atomic
 # --- item 5: every state save_checkpoint accepts loads back equal ----------------------------
 
 
-def test_a_bank_with_a_negative_spread_is_refused_at_save_time(tmp_path, pair_committed_bank):
-    mid_training = dataclasses.replace(
-        pair_committed_bank, rho=pair_committed_bank.rho.at[0].set(-1e-3)
-    )
-    with pytest.raises(ValueError, match=r"rho.*retract\(\)"):
-        cb.save_checkpoint(tmp_path / "bank.json", mid_training)
-    assert os.listdir(tmp_path) == []
-
-
 def test_the_retracted_bank_saves_and_loads_back_equal(tmp_path, pair_committed_bank):
     mid_training = dataclasses.replace(
         pair_committed_bank, rho=pair_committed_bank.rho.at[0].set(-1e-3)
@@ -155,7 +146,7 @@ def test_a_huge_integer_elsewhere_is_a_value_error(pair_bank, path):
 
 def test_saving_into_a_missing_folder_names_the_target(tmp_path, pair_bank):
     target = tmp_path / "missing" / "bank.json"
-    with pytest.raises(FileNotFoundError) as caught:
+    with pytest.raises(ValueError) as caught:
         cb.save_checkpoint(target, pair_bank)
     message = str(caught.value)
     assert str(target) in message and ".tmp" not in message
@@ -194,7 +185,7 @@ def test_the_writer_keeps_an_existing_file_mode(tmp_path):
 def test_saving_onto_a_folder_names_the_target(tmp_path, pair_bank):
     target = tmp_path / "bank.json"
     target.mkdir()
-    with pytest.raises(IsADirectoryError, match=r"bank\.json"):
+    with pytest.raises(ValueError, match=r"bank\.json"):
         cb.save_checkpoint(target, pair_bank)
     assert sorted(os.listdir(tmp_path)) == ["bank.json"]
     assert os.listdir(target) == []

@@ -179,9 +179,9 @@ def test_a_value_that_overflows_a_float32_block_is_refused():
 
 
 def test_a_birth_with_a_huge_age_is_a_value_error(pair_bank):
-    proposal = pair_bank.propose_birth(3, cb.RefinedPack(1, 0.4, age=2**70))
+    # Refused when the proposal is built (no bank stores 2**70), before any commit.
     with pytest.raises(ValueError, match="ages"):
-        commit(pair_bank, proposal)
+        commit(pair_bank, pair_bank.propose_birth(3, cb.RefinedPack(1, 0.4, age=2**70)))
 
 
 def test_an_untouched_negative_spread_does_not_block_a_commit(pair_bank):

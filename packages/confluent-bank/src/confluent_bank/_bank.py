@@ -28,6 +28,7 @@ from confluent_bank._host import (
     snapshot_from_host,
 )
 from confluent_bank._records import RefinedPack, SlotMode, as_index
+from confluent_bank._sizes import check_confluent_bank_size
 
 if TYPE_CHECKING:
     from confluent_bank._records import TransitionProposal
@@ -117,7 +118,13 @@ class ConfluentPackBank:
         - `parameters`: a mapping with exactly the keys `PARAMETER_NAMES`, each array with the
           block's shape and dtype.
 
-        Raises `ValueError` for a wrong key set, shape or dtype.
+        Concrete values (outside `jax.jit`, `jax.grad` and `jax.vmap`) must be finite: a NaN
+        or an infinity is refused, naming the block and the slots. Traced values are abstract
+        and pass unchecked, which keeps the method usable inside a compiled step, as do arrays
+        spread over several JAX processes, which no single process can read.
+
+        Raises `ValueError` for a wrong key set, shape or dtype, or a non-finite concrete
+        value.
         """
         if not isinstance(parameters, Mapping) or set(parameters) != set(PARAMETER_NAMES):
             raise ValueError(
@@ -137,6 +144,7 @@ class ConfluentPackBank:
                     f"parameter dtype changed for {name}: expected {current.dtype}, "
                     f"got {value.dtype}"
                 )
+        _refuse_non_finite(parameters)
         return dataclasses.replace(self, **{name: parameters[name] for name in PARAMETER_NAMES})
 
     def forward(self, z: Array) -> Array:
@@ -261,9 +269,12 @@ def init_confluent_bank(
       (float64 with x64 enabled). Metadata uses JAX's default integer.
 
     Raises `ValueError` for a bad base, capacity or order, a `max_order` above the dtype's limit,
-    too many packs, a pack order above `max_order`, and a pack value that the cast to `dtype`
-    makes non-finite (a centre of 1e300 in float32), a scale it rounds to 0, or an age that does
-    not fit the metadata integer; the message names the slot and the field.
+    a bank that would not fit in this machine's physical memory (the message states the bytes
+    it would need; checked before anything is allocated) or whose slot ids would not fit the
+    metadata integer, too many packs, a pack order above `max_order`, and a pack value that
+    the cast to `dtype` makes non-finite (a centre of 1e300 in float32), a scale it rounds to
+    0, or an age that does not fit the metadata integer; the message names the slot and the
+    field.
     """
     max_packs = as_index(max_packs, "max_packs")
     max_order = as_index(max_order, "max_order")
@@ -287,6 +298,7 @@ def init_confluent_bank(
         raise ValueError(f"dtype must be a real floating dtype, got {float_dtype}")
     int_dtype = jnp.asarray(0).dtype
     _check_tower_order(max_order, base, float_dtype)
+    check_confluent_bank_size(max_packs, max_order, float_dtype, int_dtype)
     centers = np.zeros(max_packs, dtype=float_dtype)
     weights = np.zeros(max_packs, dtype=float_dtype)
     scales = np.ones(max_packs, dtype=float_dtype)
@@ -317,6 +329,30 @@ def init_confluent_bank(
     }
     blocks = jax.device_put(tuple(host[name] for name in STATE_NAMES))
     return ConfluentPackBank(*blocks, max_order=max_order, base=base)
+
+
+def _refuse_non_finite(parameters: Mapping[str, Any]) -> None:
+    """`ValueError` naming the block and slots of any NaN or infinite concrete parameter."""
+    concrete = {
+        name: value
+        for name, value in parameters.items()
+        if not isinstance(value, jax.core.Tracer) and _readable_here(value)
+    }
+    for name, value in jax.device_get(concrete).items():  # one transfer for all blocks
+        bad = ~np.isfinite(np.asarray(value))
+        if bad.any():
+            # Rows are slots; a moment row is bad if any of its coefficients is.
+            slots = np.flatnonzero(bad.reshape(bad.shape[0], -1).any(axis=1)).tolist()
+            first = np.asarray(value)[np.unravel_index(np.flatnonzero(bad)[0], bad.shape)]
+            raise ValueError(
+                f"parameter {name} is not finite at slots {slots} (e.g. {first}); "
+                "with_parameters expects finite values"
+            )
+
+
+def _readable_here(value: Any) -> bool:
+    # An array spread over several processes cannot be read by one; it is left unchecked.
+    return not isinstance(value, jax.Array) or value.is_fully_addressable
 
 
 def _check_tower_order(max_order: int, base: str, dtype: Any) -> None:

@@ -35,6 +35,7 @@ from confluent_bank._host import (
     representation_problems,
     snapshot_digest,
 )
+from confluent_bank._paths import read_file
 
 _TOP_LEVEL = {"schema_version", "base", "max_order", "state"}
 _BLOCK_KEYS = {"shape", "dtype", "values"}
@@ -219,11 +220,16 @@ def save_checkpoint(path: str | os.PathLike[str], bank: ConfluentPackBank) -> Pa
     verifies. Before anything is written, the checkpoint goes through the loader's validation,
     so every file this writes loads back equal. The write is atomic (unique temporary file,
     fsync, rename, folder fsync): if anything fails, the previous file at `path` is left intact
-    and the temporary file is removed.
+    and the temporary file is removed. Temporaries of `path` left by earlier saves that were
+    killed mid-write are deleted; one that a running save is still writing is never touched.
 
-    A bank mid-training may hold a slightly negative spread `rho` between `retract()` calls.
-    A checkpoint cannot hold one (spec 2.4, step 6), so such a bank is refused: save
-    `bank.retract()`, which represents the same function.
+    A bank mid-training may hold a slightly negative spread `rho` between `retract()` calls,
+    which a checkpoint cannot hold (spec 2.4, step 6). Such a bank is saved as
+    `bank.retract()` (each negative spread saved as 0, a negative subnormal included): the
+    forward pass reads `rho` through `retract_spread` already, so the saved bank represents
+    exactly the same function (bit for bit), and `bank` itself is not changed. Only finite
+    spreads are retracted; a NaN or infinite `rho` is refused like any other non-finite
+    state.
 
     **Arguments:**
 
@@ -232,19 +238,18 @@ def save_checkpoint(path: str | os.PathLike[str], bank: ConfluentPackBank) -> Pa
 
     **Returns:** the destination as a `Path`.
 
-    **Raises:** `ValueError` for a bank with a negative `rho` ("retract()") or any state the
-    loader would refuse; `FileNotFoundError` naming `path` when its folder does not exist;
-    other `OSError`s of the write, naming `path`.
+    **Raises:** `ValueError` for any state the loader would refuse (e.g. non-finite values),
+    and, naming `path`, when `path` is a directory or its folder does not exist; other
+    `OSError`s of the write (a full disk, no permission), naming `path`.
     """
     data = bank.checkpoint()
-    rho = np.asarray(data["state"]["rho"]["values"], dtype=np.float64)
-    if np.any(rho < 0):
-        slots = np.flatnonzero(rho < 0).tolist()
-        raise ValueError(
-            f"save_checkpoint({os.fspath(path)!r}): bank.rho is negative at slots {slots} "
-            f"(min {rho.min()!r}), which a checkpoint cannot hold; save bank.retract() instead, "
-            "it represents the same function"
-        )
+    rho = data["state"]["rho"]["values"]
+    if all(_finite(value) for value in rho):
+        # `retract_spread`'s where(rho >= 0, rho, 0), applied to the host values: a device
+        # that flushes subnormals compares -5e-324 as -0 and keeps it, and so does retract(),
+        # whose result the checkpoint's `rho >= 0` would then refuse. The forward pass reads
+        # such a spread as 0 as well, so the function saved is the same.
+        data["state"]["rho"]["values"] = [0.0 if value < 0 else value for value in rho]
     try:
         _validated(data)
     except ValueError as error:
@@ -253,7 +258,7 @@ def save_checkpoint(path: str | os.PathLike[str], bank: ConfluentPackBank) -> Pa
         ) from None
     data[_DIGEST] = snapshot_digest(data["state"])
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return write_atomic(path, text.encode("utf-8"))
+    return write_atomic(path, text.encode("utf-8"), arg="path")
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> ConfluentPackBank:
@@ -263,8 +268,10 @@ def load_checkpoint(path: str | os.PathLike[str]) -> ConfluentPackBank:
 
     - `path`: the file.
 
-    Raises `ValueError` for a truncated, non-JSON, corrupted (its state does not match its
-    `"snapshot_digest"`) or hand-edited invalid file (see `bank_from_checkpoint`).
+    Raises `ValueError` naming `path` when it is a directory, does not exist or cannot be
+    read (the operating system's reason, e.g. "Permission denied"), and for a truncated,
+    non-JSON, corrupted (its state does not match its `"snapshot_digest"`) or hand-edited
+    invalid file (see `bank_from_checkpoint`).
 
     A file without `"snapshot_digest"` (written before checksums were added) is refused too,
     since nothing could tell a damaged one apart. To load such a file deliberately, validate
@@ -272,7 +279,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> ConfluentPackBank:
     `save_checkpoint(path, bank_from_checkpoint(json.loads(Path(path).read_text())))`.
     """
     name = os.fspath(path)
-    raw = Path(path).read_bytes()
+    raw = read_file(path, "path")
     try:
         data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (ValueError, RecursionError) as error:

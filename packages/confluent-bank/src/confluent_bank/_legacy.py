@@ -14,6 +14,7 @@ from jax import Array
 from confluent_bank._activations import get_activation
 from confluent_bank._bank import ConfluentPackBank, init_confluent_bank
 from confluent_bank._records import RefinedPack
+from confluent_bank._sizes import check_bank_size
 
 
 @dataclasses.dataclass
@@ -54,6 +55,10 @@ def init_pack_bank(
     - `max_packs`: capacity `≥ 1`.
     - `max_order`: highest order.
     - `base`: activation name (legacy default `"exp"`, which cannot be migrated).
+
+    Raises `ValueError` for a capacity below 1, a negative order, too many packs, a pack
+    order above `max_order`, or a bank that would not fit in this machine's physical memory
+    (the message states the bytes it would need; checked before anything is allocated).
     """
     if max_packs < 1:
         raise ValueError(f"max_packs must be >= 1, got {max_packs}")
@@ -65,6 +70,10 @@ def init_pack_bank(
     if any(pack.order > max_order for pack in live):
         raise ValueError(f"a pack order exceeds max_order={max_order}")
     get_activation(base)  # unknown names fail here, not at the first forward
+    check_bank_size(
+        f"init_pack_bank(max_packs={max_packs}, max_order={max_order})",
+        [(3 * max_packs, np.float64), (2 * max_packs, np.int32), (max_packs, np.bool_)],
+    )
     centers, weights, scales = np.zeros(max_packs), np.zeros(max_packs), np.ones(max_packs)
     orders = np.zeros(max_packs, dtype=np.int32)
     ages = np.zeros(max_packs, dtype=np.int32)

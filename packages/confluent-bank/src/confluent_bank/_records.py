@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from confluent_bank._host import PARAMETER_NAMES
+
 _PROPOSAL_SCHEMA_VERSION = 1
 
 
@@ -122,23 +124,63 @@ class RefinedPack:
             object.__setattr__(self, name, value)
 
 
-def _check_value(value: Any) -> float | int | tuple[float | int, ...]:
+# The widest dtypes a bank holds: a value outside them cannot be stored in any bank, so it is
+# refused when the update (or a proposal's JSON) is built; the bank's own, possibly narrower
+# dtype is checked again when the proposal is committed.
+_INT64 = np.iinfo(np.int64)
+
+
+def _check_value(name: str, index: int, value: Any) -> float | int | tuple[float | int, ...]:
     if isinstance(value, list | tuple):
-        return tuple(_check_scalar(item) for item in value)
-    return _check_scalar(value)
+        field = f"{name}[{index}]"
+        return tuple(_check_scalar(f"{field}[{k}]", name, item) for k, item in enumerate(value))
+    return _check_scalar(f"{name}[{index}]", name, value)
 
 
-def _check_scalar(value: Any) -> float | int:
+def _check_scalar(field: str, name: str, value: Any) -> float | int:
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, numbers.Integral):
-        return int(value)
+        integer = int(value)
+        if name in PARAMETER_NAMES:
+            if not _fits_float64(integer):
+                raise ValueError(
+                    f"SlotUpdate {field}: value {_short(integer)} does not fit float64 "
+                    "(it overflows to inf)"
+                )
+        elif not _INT64.min <= integer <= _INT64.max:
+            raise ValueError(f"SlotUpdate {field}: value {_short(integer)} does not fit int64")
+        return integer
     if isinstance(value, numbers.Real):
         as_float = float(value)
         if not math.isfinite(as_float):
-            raise ValueError(f"SlotUpdate value must be finite, got {as_float}")
+            # JSON's 1e400 arrives here already parsed to inf.
+            raise ValueError(f"SlotUpdate {field}: value must be finite, got {as_float}")
         return as_float
-    raise TypeError(f"SlotUpdate value must be a number or a tuple of numbers, got {value!r}")
+    raise TypeError(
+        f"SlotUpdate {field}: value must be a number or a tuple of numbers, got {value!r}"
+    )
+
+
+def _fits_float64(integer: int) -> bool:
+    try:
+        return math.isfinite(float(integer))
+    except OverflowError:
+        return False
+
+
+def _as_int64(value: Any, what: str) -> int:
+    """`_as_int`, refusing integers outside int64 (the widest integer a bank stores)."""
+    integer = _as_int(value, what)
+    if not _INT64.min <= integer <= _INT64.max:
+        raise ValueError(f"{what} {_short(integer)} does not fit int64")
+    return integer
+
+
+def _short(integer: int) -> str:
+    # A 400-digit literal would bury the message.
+    text = str(integer)
+    return text if len(text) <= 40 else f"{text[:12]}...({len(text)} digits)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +193,11 @@ class SlotUpdate:
     - `index`: the slot position.
     - `value`: a finite number, or a tuple of finite numbers for a moment row. Python types are
       kept (`1.0` stays a float, `2` stays an int); a list becomes a tuple.
+
+    Raises `ValueError`, naming `name[index]`, for a value that no bank could store: a
+    non-finite float, an integer beyond float64's range for a trainable block, or beyond
+    int64 for any other block (the bank's own dtype is checked again at commit), and for an
+    index beyond int64. Wrong types raise `TypeError`.
     """
 
     name: str
@@ -160,8 +207,9 @@ class SlotUpdate:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
             raise TypeError(f"SlotUpdate name must be a string, got {self.name!r}")
-        object.__setattr__(self, "index", _as_int(self.index, "SlotUpdate index"))
-        object.__setattr__(self, "value", _check_value(self.value))
+        index = _as_int64(self.index, f"SlotUpdate {self.name} index")
+        object.__setattr__(self, "index", index)
+        object.__setattr__(self, "value", _check_value(self.name, index, self.value))
 
 
 _PROPOSAL_FIELDS = (
@@ -193,7 +241,8 @@ class TransitionProposal:
     - `schema_version`: must be 1.
 
     Raises `ValueError` for a negative or non-finite (NaN, inf) `error_budget`, an unknown
-    `schema_version` or repeated slot ids.
+    `schema_version`, repeated slot ids, or a `source_version` or slot id beyond int64 (the
+    widest integer a bank stores), naming the field.
     """
 
     source_digest: str
@@ -209,12 +258,12 @@ class TransitionProposal:
         for name in ("source_digest", "kind", "coordinate_identity"):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"TransitionProposal {name} must be a string")
-        version = _as_int(self.source_version, "TransitionProposal source_version")
+        version = _as_int64(self.source_version, "TransitionProposal source_version")
         schema = _as_int(self.schema_version, "TransitionProposal schema_version")
         budget = _as_float(self.error_budget, "TransitionProposal error_budget")
         if isinstance(self.slot_ids, str | bytes) or not isinstance(self.slot_ids, list | tuple):
             raise TypeError("TransitionProposal slot_ids must be a sequence of integers")
-        slot_ids = tuple(_as_int(i, "TransitionProposal slot id") for i in self.slot_ids)
+        slot_ids = tuple(_as_int64(i, "TransitionProposal slot id") for i in self.slot_ids)
         if not isinstance(self.updates, list | tuple) or not all(
             isinstance(update, SlotUpdate) for update in self.updates
         ):
@@ -245,7 +294,10 @@ class TransitionProposal:
     def from_json(cls, text: str | bytes) -> TransitionProposal:
         """Parse `to_json` output, re-running every construction check.
 
-        Raises `ValueError` for malformed JSON or a wrong field set.
+        Raises `ValueError` for malformed JSON, a wrong field set, or a value that does not fit
+        the widest dtype of its field, naming the field: `1e400` (parsed as inf) or a
+        400-digit integer for `weights` (float64), an integer beyond int64 for `orders`,
+        `source_version` or a slot id. The bank's own dtype is checked again at commit.
         """
         try:
             data = json.loads(text, parse_constant=_reject_constant)
