@@ -12,6 +12,19 @@ until the rename, so only the remains of dead writers can be locked and deleted.
 `fcntl` is missing (Windows), the operating system itself refuses to delete a file that is
 still open, which gives the same guarantee.
 
+Why a lock and not the writer's process id in the name: the kernel drops a lock the moment
+its holder dies, however it dies (SIGKILL included), so "lockable" means exactly "no running
+save owns it", with no guess about process-id reuse or which host wrote the file on a shared
+disk.
+
+Folders written as one unit (`save_run`) follow the same rule: the new folder is staged as
+`.<name>.new.<16 hex digits>.tmp` and the folder it replaces is set aside as
+`.<name>.old.<16 hex digits>.tmp`, each locked by its save until the swap is done
+(`staging_folder`, `set_aside`). `remove_stale_folders` deletes unlocked staging folders, and
+puts an unlocked old folder back in place when the target is missing (the save was killed
+between the two renames, so the old run is the only complete one); it removes nothing where
+folders cannot be locked (Windows).
+
 With several JAX processes (`jax.process_count() > 1`) only process 0 writes; the others
 wait at a barrier until it has finished and then return the same path, or raise the same
 kind of error if process 0 could not write. Every process must therefore call the save, as
@@ -23,11 +36,14 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from hybrid_kernels._paths import file_to_write
 
 try:
     import fcntl
@@ -120,6 +136,86 @@ def _forget(tmp: Path) -> None:
         _LIVE.discard(str(tmp))
 
 
+def _folder_pattern(target: Path) -> re.Pattern[str]:
+    return re.compile(rf"\.{re.escape(target.name)}\.(new|old)\.[0-9a-f]{{16}}\.tmp")
+
+
+def _folder_name(target: Path, role: str) -> Path:
+    return target.with_name(f".{target.name}.{role}.{secrets.token_hex(8)}.tmp")
+
+
+def staging_folder(target: Path) -> tuple[int, Path]:
+    """A new empty folder `.<name>.new.<16 hex>.tmp` beside `target`, locked by this process.
+
+    The lock (on a descriptor of the folder, held until the caller closes it) tells
+    `remove_stale_folders` that a running save still owns the folder.
+    """
+    for _ in range(_ATTEMPTS):
+        name = _folder_name(target, "new")
+        try:
+            name.mkdir()
+        except FileExistsError:
+            continue
+        fd = os.open(name, os.O_RDONLY)
+        # As for files: a cleanup may have taken the fresh folder before the lock; retry.
+        if _lock(fd) and _same_file(fd, name):
+            return fd, name
+        os.close(fd)
+    raise OSError(f"cannot save to {str(target)!r}: no free temporary name after {_ATTEMPTS} tries")
+
+
+def set_aside(target: Path) -> tuple[int, Path]:
+    """Rename the folder `target` to `.<name>.old.<16 hex>.tmp`, locked by this process."""
+    fd = os.open(target, os.O_RDONLY)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # waits while another save still holds it
+        name = _folder_name(target, "old")
+        os.replace(target, name)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, name
+
+
+def remove_stale_folders(target: Path) -> None:
+    """Clean up after saves of the folder `target` that were killed before they finished.
+
+    A staging folder (`new`) is deleted. A set-aside old folder (`old`) is deleted when
+    `target` exists, and renamed back to `target` when it does not: the save was killed
+    between moving the old run aside and moving the new one in, and the old run is the only
+    complete one. Folders still locked by a running save are left alone; without `fcntl`
+    (Windows) nothing is removed, since a folder cannot be locked there.
+    """
+    if fcntl is None:
+        return
+    pattern = _folder_pattern(target)
+    try:
+        names = [entry.name for entry in os.scandir(target.parent)]
+    except OSError:
+        return
+    for name in names:
+        found = pattern.fullmatch(name)
+        if found is None:
+            continue
+        candidate = target.parent / name
+        try:
+            fd = os.open(candidate, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            if not (_lock(fd) and _same_file(fd, candidate)):
+                continue
+            if found.group(1) == "old" and not os.path.lexists(target):
+                os.replace(candidate, target)
+            else:
+                shutil.rmtree(candidate, ignore_errors=True)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
 def _fsync_folder(folder: Path) -> None:
     # Makes the rename itself durable; not every platform can open a folder.
     try:
@@ -177,7 +273,8 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     **Returns:** the target path. With several JAX processes only process 0 writes; see the
     module docstring.
 
-    Raises `ValueError` naming `path` when its folder does not exist. Stale temporaries of
+    Raises `ValueError` naming `path` when it is a directory or its folder does not exist
+    (the rule of `hybrid_kernels._paths`). Stale temporaries of
     the same target (from killed saves) are deleted first; see the module docstring.
     """
     target = Path(path)
@@ -185,10 +282,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
 
 
 def _write_here(target: Path, data: bytes) -> Path:
-    if not target.parent.is_dir():
-        raise ValueError(
-            f"cannot save to {str(target)!r}: its folder {str(target.parent)!r} does not exist"
-        )
+    file_to_write(target)
     _remove_stale(target)
     fd, tmp = _create_temporary(target)
     try:

@@ -34,6 +34,7 @@ import numpy as np
 from hybrid_kernels.__about__ import __version__
 from hybrid_kernels._atomic import write_atomic
 from hybrid_kernels._npy import check_npy_header
+from hybrid_kernels._paths import read_bytes
 
 _MAGIC = b"hybrid-kernels predictors\n"
 _FORMAT = 2
@@ -189,7 +190,7 @@ def _valid_header(header: dict[str, Any]) -> bool:
 
 def _read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], bytes]:
     """The header and leaf bytes of the file at `path`, after checking its digest."""
-    data = Path(path).read_bytes()
+    data = read_bytes(path)
     if not data.startswith(_MAGIC):
         raise ValueError(f"{str(path)!r} is not a file written by save_predictors")
     head, sep, rest = data[len(_MAGIC) :].partition(b"\n")

@@ -26,7 +26,6 @@ import json
 import os
 import zipfile
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import equinox as eqx
@@ -36,6 +35,7 @@ import numpy as np
 
 from hybrid_kernels._atomic import write_atomic
 from hybrid_kernels._npy import read_npy
+from hybrid_kernels._paths import read_bytes
 
 _FORMAT = "hybrid_kernels.TrainingState"
 _VERSION = 2
@@ -203,7 +203,7 @@ def _damaged(path: str | os.PathLike[str], why: str) -> ValueError:
 
 def _read_members(path: str | os.PathLike[str]) -> dict[str, bytes]:
     """Every member of the archive at `path`, after checking the checksum."""
-    data = Path(path).read_bytes()
+    data = read_bytes(path)
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             infos = archive.infolist()
