@@ -179,7 +179,7 @@ def test_overwrite_never_replaces_a_folder_that_is_not_a_run(tmp_path):
 
 
 def test_save_run_rejects_a_missing_parent(tmp_path):
-    with pytest.raises(ValueError, match="the folder .* does not exist"):
+    with pytest.raises(ValueError, match=r"the folder .* does not exist"):
         hk.save_run(tmp_path / "no" / "run", predictors(), solver=tiny_solver(), config=config())
 
 

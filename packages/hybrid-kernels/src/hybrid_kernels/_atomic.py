@@ -18,12 +18,13 @@ save owns it", with no guess about process-id reuse or which host wrote the file
 disk.
 
 Folders written as one unit (`save_run`) follow the same rule: the new folder is staged as
-`.<name>.new.<16 hex digits>.tmp` and the folder it replaces is set aside as
-`.<name>.old.<16 hex digits>.tmp`, each locked by its save until the swap is done
-(`staging_folder`, `set_aside`). `remove_stale_folders` deletes unlocked staging folders, and
-puts an unlocked old folder back in place when the target is missing (the save was killed
-between the two renames, so the old run is the only complete one); it removes nothing where
-folders cannot be locked (Windows).
+`.<name>.new.<16 hex digits>.tmp`, locked by its save (`staging_folder`), and swapped with
+the folder it replaces in one step where Linux can (`exchange`), after which the staging name
+holds the old folder until it is deleted. Elsewhere the old folder is first set aside as
+`.<name>.old.<16 hex digits>.tmp`, also locked (`set_aside`). `remove_stale_folders` deletes
+unlocked staging folders, and puts an unlocked old folder back in place when the target is
+missing (the save was killed between the two renames, so the old run is the only complete
+one); it removes nothing where folders cannot be locked (Windows).
 
 With several JAX processes (`jax.process_count() > 1`) only process 0 writes; the others
 wait at a barrier until it has finished and then return the same path, or raise the same
@@ -33,6 +34,8 @@ the trainer does; a save called on one process only would wait for the others fo
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import re
 import secrets
@@ -162,6 +165,31 @@ def staging_folder(target: Path) -> tuple[int, Path]:
             return fd, name
         os.close(fd)
     raise OSError(f"cannot save to {str(target)!r}: no free temporary name after {_ATTEMPTS} tries")
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap the folders `a` and `b` in one step (Linux `renameat2(RENAME_EXCHANGE)`).
+
+    Returns False, having changed nothing, where the system or the file system cannot.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
+    renameat2.argtypes += [ctypes.c_uint]
+    done = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if done == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, f"cannot swap {str(a)!r} and {str(b)!r}: {os.strerror(code)}")
 
 
 def set_aside(target: Path) -> tuple[int, Path]:

@@ -159,6 +159,9 @@ def save_predictors(
     temporary file unique to this call (`.<name>.<random>.tmp` in the same folder) and renamed
     over `path`, so concurrent saves never mix; temporaries of `path` left by a killed save
     are deleted by the next save to `path`.
+
+    **Raises:** `ValueError` naming `path` when it is a directory or its folder does not
+    exist; `TypeError` when `metadata` is not JSON-serialisable.
     """
     path = Path(path)
     try:
@@ -219,7 +222,8 @@ def _read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], bytes]:
 def read_predictors_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The `metadata` mapping given to `save_predictors` for the file at `path`.
 
-    Raises `ValueError` when the file is not a predictors file or fails its checksum.
+    Raises `ValueError` naming `path` when it does not exist, is a directory or cannot be
+    read, and when the file is not a predictors file or fails its checksum.
     """
     return _read(path)[0]["metadata"]
 
@@ -244,7 +248,8 @@ def load_predictors(path: str | os.PathLike[str], template: Any) -> Any:
 
     **Returns:** a new pytree like `template` holding the saved values.
 
-    Raises `ValueError` when the file is not a predictors file, fails its checksum (it was
+    Raises `ValueError` naming `path` when it does not exist, is a directory or cannot be
+    read; when the file is not a predictors file, fails its checksum (it was
     truncated or altered), or when the template does not match what was saved (the message
     names the first differing leaf or the structure).
     """

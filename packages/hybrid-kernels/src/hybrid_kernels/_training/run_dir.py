@@ -41,6 +41,7 @@ from hybrid_kernels.__about__ import __version__
 from hybrid_kernels._atomic import (
     _fsync_folder,
     _single_writer,
+    exchange,
     remove_stale_folders,
     set_aside,
     staging_folder,
@@ -319,6 +320,9 @@ def _swap_into_place(staging: Path, path: Path) -> None:
     # every moment `path` is either the old complete run or the new one.
     if not path.exists():
         os.replace(staging, path)
+        return
+    if exchange(staging, path):  # one step: `path` is never missing
+        shutil.rmtree(staging, ignore_errors=True)  # now the old run
         return
     lock, old = set_aside(path)
     try:

@@ -168,7 +168,7 @@ def save_training_state(path: str | os.PathLike[str], state: TrainingState) -> N
     (`.<name>.<random>.tmp` in the same folder) and the last rename wins. Temporaries of
     `path` left behind by a killed save are deleted by the next save to `path`.
 
-    **Raises:** `ValueError` naming `path` when its folder does not exist.
+    **Raises:** `ValueError` naming `path` when it is a directory or its folder does not exist.
     """
     arrays: dict[str, np.ndarray] = {}
     described: dict[str, list[dict[str, Any]]] = {}
@@ -314,7 +314,8 @@ def load_training_state(
 
     **Returns:** the [`TrainingState`][hybrid_kernels.TrainingState].
 
-    **Raises:** `ValueError` when the file is not a saved state, is truncated or damaged (its
+    **Raises:** `ValueError` naming `path` when it does not exist, is a directory or cannot be
+    read; when the file is not a saved state, is truncated or damaged (its
     checksum does not match), or the templates do not match; every stored array's shape and
     dtype is checked against the templates before its data is read.
     """
