@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import shutil
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -34,8 +33,6 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.tree_util as jtu
-import numpy as np
-import optax
 
 from hybrid_kernels.__about__ import __version__
 from hybrid_kernels._atomic import (
@@ -52,6 +49,14 @@ from hybrid_kernels._serialise import load_predictors, save_predictors
 from hybrid_kernels._solver import SolverConfig
 from hybrid_kernels._trainable import count_trainable_params, path_str
 from hybrid_kernels._training._run_files import MANIFEST, check_bound, file_digests
+from hybrid_kernels._training._run_json import (
+    config_field,
+    from_json,
+    history_from_json,
+    history_to_json,
+    rebuild_config,
+    to_json,
+)
 from hybrid_kernels._training.config import OptaxTrainingConfig
 from hybrid_kernels._training.history import LossHistory
 from hybrid_kernels._training.state import TrainingState, load_training_state, save_training_state
@@ -62,7 +67,6 @@ _READS = (1, 2)  # version 1 loads with a warning: its files cannot be checked (
 _MANIFEST = MANIFEST
 _PREDICTORS = "predictors.eqx"
 _STATE = "training_state.npz"
-_TUPLE = "__tuple__"  # JSON has no tuples; a tagged list brings them back as tuples
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,92 +94,6 @@ class SavedRun:
     history: LossHistory
     state: TrainingState | None
     metadata: dict[str, Any]
-
-
-def _to_json(value: Any) -> Any:
-    """Plain data with tuples tagged; raises `TypeError` for anything else."""
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, np.generic | np.ndarray | jax.Array) and np.ndim(value) == 0:
-        return np.asarray(value).item()
-    if isinstance(value, tuple):
-        return {_TUPLE: [_to_json(v) for v in value]}
-    if isinstance(value, list):
-        return [_to_json(v) for v in value]
-    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
-        return {k: _to_json(v) for k, v in value.items()}
-    raise TypeError(f"{type(value).__name__} is not JSON data")
-
-
-def _from_json(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_from_json(v) for v in value]
-    if isinstance(value, dict):
-        if set(value) == {_TUPLE}:
-            return tuple(_from_json(v) for v in value[_TUPLE])
-        return {k: _from_json(v) for k, v in value.items()}
-    return value
-
-
-def _history_to_json(history: LossHistory) -> dict[str, Any]:
-    # Every attribute, generically: a field added to LossHistory later round-trips unchanged.
-    attributes, skipped = {}, []
-    for name, value in vars(history).items():
-        try:
-            attributes[name] = _to_json(value)
-        except TypeError:
-            skipped.append(name)
-    if skipped:
-        warnings.warn(
-            f"save_run: history attribute(s) {skipped} are not JSON data (numbers, strings, "
-            "lists, tuples, dicts) and were not saved",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    return {"values": [float(v) for v in history], "attributes": attributes}
-
-
-def _history_from_json(data: dict[str, Any]) -> LossHistory:
-    history = LossHistory(data["values"])
-    for name, value in data["attributes"].items():
-        setattr(history, name, _from_json(value))
-    return history
-
-
-def _config_field(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return {_TUPLE: [_config_field(v) for v in value]}
-    if isinstance(value, optax.GradientTransformation):
-        return {"callable": "optax.GradientTransformation"}
-    if callable(value):
-        return {"callable": getattr(value, "__qualname__", type(value).__name__)}
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if hasattr(value, "shape"):
-        return {"array": np.asarray(value).tolist()}
-    return _to_json(value)
-
-
-def _has_callable(value: Any) -> bool:
-    if isinstance(value, dict):
-        return "callable" in value or any(_has_callable(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_has_callable(v) for v in value)
-    return False
-
-
-def _rebuild_field(value: Any) -> Any:
-    if isinstance(value, dict) and set(value) == {"array"}:
-        return np.asarray(value["array"])
-    if isinstance(value, dict) and set(value) == {_TUPLE}:
-        return tuple(_rebuild_field(v) for v in value[_TUPLE])
-    return value
-
-
-def _rebuild_config(fields: dict[str, Any]) -> OptaxTrainingConfig | None:
-    if _has_callable(fields):
-        return None
-    return OptaxTrainingConfig(**{k: _rebuild_field(v) for k, v in fields.items()})
 
 
 def _versions() -> dict[str, str]:
@@ -255,7 +173,7 @@ def save_run(
     if state is not None and not isinstance(state, TrainingState):
         raise TypeError(f"save_run: state must be a TrainingState; got {type(state).__name__}")
     try:
-        user = _to_json(dict(metadata or {}))
+        user = to_json(dict(metadata or {}))
     except TypeError as err:
         raise TypeError(f"save_run: metadata must be JSON data: {err}") from None
     history = LossHistory() if history is None else history
@@ -265,10 +183,10 @@ def save_run(
         "versions": _versions(),
         "solver": solver.to_dict(),
         "config": {
-            f.name: _config_field(getattr(config, f.name)) for f in dataclasses.fields(config)
+            f.name: config_field(getattr(config, f.name)) for f in dataclasses.fields(config)
         },
         "config_fingerprint": config.fingerprint(),
-        "history": _history_to_json(history),
+        "history": history_to_json(history),
         "leaves": _describe_leaves(predictors, trainable),
         "n_trainable_params": (
             None if trainable is None else count_trainable_params(predictors, trainable)
@@ -402,8 +320,8 @@ def load_run(path: str | os.PathLike[str], template: Any, *, opt_state: Any = No
         )
     try:
         solver = SolverConfig.from_dict(manifest["solver"])
-        config = _rebuild_config(manifest["config"])
-        history = _history_from_json(manifest["history"])
+        config = rebuild_config(manifest["config"])
+        history = history_from_json(manifest["history"])
     except (KeyError, TypeError) as err:
         raise ValueError(f"load_run: {str(path / _MANIFEST)!r} is damaged: {err!r}") from None
     metadata = {
@@ -411,13 +329,13 @@ def load_run(path: str | os.PathLike[str], template: Any, *, opt_state: Any = No
         "leaves": manifest["leaves"],
         "n_trainable_params": manifest.get("n_trainable_params"),
         "config_fingerprint": manifest.get("config_fingerprint"),
-        "user": _from_json(manifest.get("metadata", {})),
+        "user": from_json(manifest.get("metadata", {})),
     }
     return SavedRun(
         predictors=predictors,
         solver=solver,
         config=config,
-        config_fields=_from_json(manifest["config"]),
+        config_fields=from_json(manifest["config"]),
         history=history,
         state=state,
         metadata=metadata,
