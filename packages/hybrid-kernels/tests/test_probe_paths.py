@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
-from helpers import Rate, tiny_solver
+from helpers import Rate, osc_dataset, quiet, tiny_solver, train
 
 import hybrid_kernels as hk
 
@@ -179,3 +179,21 @@ def test_loading_a_run_with_an_unreadable_manifest_is_refused(tmp_path, monkeypa
     monkeypatch.setattr(pathlib.Path, "read_bytes", _denied)
     with raises(f"path={str(run / 'run.json')!r} cannot be read: Permission denied"):
         load_run(run)
+
+
+# --- the trainer's checkpoint ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["missing folder", "directory"])
+def test_a_checkpoint_path_that_cannot_be_written_is_refused_naming_the_field(
+    where, oscillator, tmp_path
+):
+    target = tmp_path / "missing" / "run.state" if where == "missing folder" else tmp_path
+    expected = (
+        f"checkpoint_path={str(target)!r}: the folder {str(target.parent)!r} does not exist"
+        if where == "missing folder"
+        else f"checkpoint_path={str(target)!r} is a directory; expected a file"
+    )
+    config = quiet(steps=(2,), lr=(0.01,), checkpoint_path=target)
+    with raises(expected):  # named as the config's field, not as the save's `path`
+        train(oscillator, osc_dataset(oscillator), config)
