@@ -195,3 +195,15 @@ def test_an_overwrite_swaps_the_runs_in_one_step(tmp_path, monkeypatch):
 
 def _load_plain(path):
     return hk.load_run(path, predictors(0.0))
+
+
+def test_where_folders_cannot_be_locked_saves_work_and_remove_nothing(tmp_path, monkeypatch):
+    # As on Windows: no fcntl, no renameat2. A folder that cannot be locked is never deleted.
+    monkeypatch.setattr(_atomic, "fcntl", None)
+    monkeypatch.setattr(run_dir, "exchange", lambda a, b: False)
+    stale = tmp_path / ".A.new.0123456789abcdef.tmp"
+    stale.mkdir()
+    a = _save(tmp_path / "A", 0.7)
+    hk.save_run(a, predictors(0.3), solver=tiny_solver(), config=CONFIG, overwrite=True)
+    assert float(_load_plain(a).predictors[0].k) == pytest.approx(0.3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [stale.name, "A"]

@@ -147,11 +147,19 @@ def _folder_name(target: Path, role: str) -> Path:
     return target.with_name(f".{target.name}.{role}.{secrets.token_hex(8)}.tmp")
 
 
-def staging_folder(target: Path) -> tuple[int, Path]:
+def release(fd: int | None) -> None:
+    """Close a folder's descriptor from `staging_folder` or `set_aside`, dropping its lock."""
+    if fd is not None:
+        os.close(fd)
+
+
+def staging_folder(target: Path) -> tuple[int | None, Path]:
     """A new empty folder `.<name>.new.<16 hex>.tmp` beside `target`, locked by this process.
 
-    The lock (on a descriptor of the folder, held until the caller closes it) tells
-    `remove_stale_folders` that a running save still owns the folder.
+    The lock (on a descriptor of the folder, held until the caller `release`s it) tells
+    `remove_stale_folders` that a running save still owns the folder. Where folders cannot
+    be locked (no `fcntl`: Windows, which cannot open a folder either) there is no
+    descriptor, and no cleanup either.
     """
     for _ in range(_ATTEMPTS):
         name = _folder_name(target, "new")
@@ -159,6 +167,8 @@ def staging_folder(target: Path) -> tuple[int, Path]:
             name.mkdir()
         except FileExistsError:
             continue
+        if fcntl is None:
+            return None, name
         fd = os.open(name, os.O_RDONLY)
         # As for files: a cleanup may have taken the fresh folder before the lock; retry.
         if _lock(fd) and _same_file(fd, name):
@@ -179,7 +189,7 @@ def exchange(a: Path, b: Path) -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         renameat2 = libc.renameat2
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # no renameat2 (macOS, old glibc, Windows)
         return False
     renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
     renameat2.argtypes += [ctypes.c_uint]
@@ -192,13 +202,16 @@ def exchange(a: Path, b: Path) -> bool:
     raise OSError(code, f"cannot swap {str(a)!r} and {str(b)!r}: {os.strerror(code)}")
 
 
-def set_aside(target: Path) -> tuple[int, Path]:
-    """Rename the folder `target` to `.<name>.old.<16 hex>.tmp`, locked by this process."""
+def set_aside(target: Path) -> tuple[int | None, Path]:
+    """Rename the folder `target` to `.<name>.old.<16 hex>.tmp`, locked by this process
+    (where folders can be locked; see `staging_folder`)."""
+    name = _folder_name(target, "old")
+    if fcntl is None:
+        os.replace(target, name)
+        return None, name
     fd = os.open(target, os.O_RDONLY)
     try:
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # waits while another save still holds it
-        name = _folder_name(target, "old")
+        fcntl.flock(fd, fcntl.LOCK_EX)  # waits while another save still holds it
         os.replace(target, name)
     except BaseException:
         os.close(fd)

@@ -39,6 +39,7 @@ from hybrid_kernels._atomic import (
     _fsync_folder,
     _single_writer,
     exchange,
+    release,
     remove_stale_folders,
     set_aside,
     staging_folder,
@@ -229,7 +230,7 @@ def _write_run(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     finally:
-        os.close(lock)
+        release(lock)
     return path
 
 
@@ -251,7 +252,7 @@ def _swap_into_place(staging: Path, path: Path) -> None:
             raise
         shutil.rmtree(old, ignore_errors=True)
     finally:
-        os.close(lock)
+        release(lock)
 
 
 def _checksum(manifest: Mapping[str, Any]) -> str:
