@@ -139,6 +139,11 @@ def experiments_from_table(
     **Returns:** the experiments in order of first appearance; `exp_id` is the experiment
     column as a string. Every error names the experiment, the variable and the field; an
     experiment listed twice in `covariates` raises.
+
+    **Raises:** `ValueError` for a missing or blank experiment id or variable name (with the
+    row numbers, counted from 0 at the first data row), a `std` that is present but not
+    finite and > 0, a covariate that is not a finite number (naming experiment and column),
+    and a path that does not exist, is a directory or cannot be read (naming the argument).
     """
     obs = _read(observations, "observations")
     cols = [exp_col, time_col, variable_col, value_col]
