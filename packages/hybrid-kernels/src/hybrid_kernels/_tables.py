@@ -74,7 +74,8 @@ def _labels(df: Any, col: str, what: str) -> Any:
     """
     cells = df[col]
     missing = cells.isna().to_numpy(dtype=bool)
-    blank = np.array([isinstance(c, str) and not c.strip() for c in cells], dtype=bool)
+    blank = np.zeros(len(cells), dtype=bool)
+    blank[~missing] = cells[~missing].astype(str).str.strip().eq("").to_numpy(dtype=bool)
     bad = np.flatnonzero(missing | blank)
     if bad.size:
         raise ValueError(
