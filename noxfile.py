@@ -4,6 +4,7 @@ The session names are a public interface: the README, ``.ci/run`` and the GitHub
 them.
 
 - ``tests``        unit tests of each package, alone in its own venv, on the oldest and newest jax
+                   (hybrid-kernels: with the oldest supported pandas, then the newest)
 - ``integration``  ``tests-integration/`` with both packages installed, newest jax
 - ``lint``         ruff (check + format) and actionlint over ``.github/workflows``
 - ``docs``         ``mkdocs build --strict`` (no network needed)
@@ -39,6 +40,10 @@ PACKAGES = {
 JAX_OLDEST = "0.7.2"
 JAX_NEWEST = "0.10.2"
 JAX_VERSIONS = [JAX_OLDEST, JAX_NEWEST]
+# hybrid-kernels' table extra is tested at both ends of its range: the oldest pandas beside the
+# oldest jax, the newest pandas (a fresh resolve) beside the newest jax. 2.2.2 is the first
+# pandas built for numpy 2, which every supported jax installs.
+PANDAS_OLDEST = "2.2.2"
 
 
 def _cuda_requested(session: nox.Session) -> bool:
@@ -63,7 +68,8 @@ def tests(session: nox.Session, package: str, jax: str) -> None:
     """Unit tests of one package, installed alone (a hidden cross-import fails here)."""
     module, path = PACKAGES[package]
     cuda = _cuda_requested(session)
-    session.install(f"{path}[test]", *_jax_requirements(jax, cuda=cuda))
+    pins = [f"pandas=={PANDAS_OLDEST}"] if package == "hybrid-kernels" and jax == JAX_OLDEST else []
+    session.install(f"{path}[test]", *_jax_requirements(jax, cuda=cuda), *pins)
     other = next(m for m, _ in PACKAGES.values() if m != module)
     session.run(
         "python",

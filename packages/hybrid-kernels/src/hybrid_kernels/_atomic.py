@@ -12,6 +12,20 @@ until the rename, so only the remains of dead writers can be locked and deleted.
 `fcntl` is missing (Windows), the operating system itself refuses to delete a file that is
 still open, which gives the same guarantee.
 
+Why a lock and not the writer's process id in the name: the kernel drops a lock the moment
+its holder dies, however it dies (SIGKILL included), so "lockable" means exactly "no running
+save owns it", with no guess about process-id reuse or which host wrote the file on a shared
+disk.
+
+Folders written as one unit (`save_run`) follow the same rule: the new folder is staged as
+`.<name>.new.<16 hex digits>.tmp`, locked by its save (`staging_folder`), and swapped with
+the folder it replaces in one step where Linux can (`exchange`), after which the staging name
+holds the old folder until it is deleted. Elsewhere the old folder is first set aside as
+`.<name>.old.<16 hex digits>.tmp`, also locked (`set_aside`). `remove_stale_folders` deletes
+unlocked staging folders, and puts an unlocked old folder back in place when the target is
+missing (the save was killed between the two renames, so the old run is the only complete
+one); it removes nothing where folders cannot be locked (Windows).
+
 With several JAX processes (`jax.process_count() > 1`) only process 0 writes; the others
 wait at a barrier until it has finished and then return the same path, or raise the same
 kind of error if process 0 could not write. Every process must therefore call the save, as
@@ -20,14 +34,19 @@ the trainer does; a save called on one process only would wait for the others fo
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import re
 import secrets
+import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from hybrid_kernels._paths import file_to_write
 
 try:
     import fcntl
@@ -120,6 +139,124 @@ def _forget(tmp: Path) -> None:
         _LIVE.discard(str(tmp))
 
 
+def _folder_pattern(target: Path) -> re.Pattern[str]:
+    return re.compile(rf"\.{re.escape(target.name)}\.(new|old)\.[0-9a-f]{{16}}\.tmp")
+
+
+def _folder_name(target: Path, role: str) -> Path:
+    return target.with_name(f".{target.name}.{role}.{secrets.token_hex(8)}.tmp")
+
+
+def release(fd: int | None) -> None:
+    """Close a folder's descriptor from `staging_folder` or `set_aside`, dropping its lock."""
+    if fd is not None:
+        os.close(fd)
+
+
+def staging_folder(target: Path) -> tuple[int | None, Path]:
+    """A new empty folder `.<name>.new.<16 hex>.tmp` beside `target`, locked by this process.
+
+    The lock (on a descriptor of the folder, held until the caller `release`s it) tells
+    `remove_stale_folders` that a running save still owns the folder. Where folders cannot
+    be locked (no `fcntl`: Windows, which cannot open a folder either) there is no
+    descriptor, and no cleanup either.
+    """
+    for _ in range(_ATTEMPTS):
+        name = _folder_name(target, "new")
+        try:
+            name.mkdir()
+        except FileExistsError:
+            continue
+        if fcntl is None:
+            return None, name
+        fd = os.open(name, os.O_RDONLY)
+        # As for files: a cleanup may have taken the fresh folder before the lock; retry.
+        if _lock(fd) and _same_file(fd, name):
+            return fd, name
+        os.close(fd)
+    raise OSError(f"cannot save to {str(target)!r}: no free temporary name after {_ATTEMPTS} tries")
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap the folders `a` and `b` in one step (Linux `renameat2(RENAME_EXCHANGE)`).
+
+    Returns False, having changed nothing, where the system or the file system cannot.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError, TypeError):  # no renameat2 (macOS, old glibc, Windows)
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
+    renameat2.argtypes += [ctypes.c_uint]
+    done = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if done == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, f"cannot swap {str(a)!r} and {str(b)!r}: {os.strerror(code)}")
+
+
+def set_aside(target: Path) -> tuple[int | None, Path]:
+    """Rename the folder `target` to `.<name>.old.<16 hex>.tmp`, locked by this process
+    (where folders can be locked; see `staging_folder`)."""
+    name = _folder_name(target, "old")
+    if fcntl is None:
+        os.replace(target, name)
+        return None, name
+    fd = os.open(target, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # waits while another save still holds it
+        os.replace(target, name)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, name
+
+
+def remove_stale_folders(target: Path) -> None:
+    """Clean up after saves of the folder `target` that were killed before they finished.
+
+    A staging folder (`new`) is deleted. A set-aside old folder (`old`) is deleted when
+    `target` exists, and renamed back to `target` when it does not: the save was killed
+    between moving the old run aside and moving the new one in, and the old run is the only
+    complete one. Folders still locked by a running save are left alone; without `fcntl`
+    (Windows) nothing is removed, since a folder cannot be locked there.
+    """
+    if fcntl is None:
+        return
+    pattern = _folder_pattern(target)
+    try:
+        names = [entry.name for entry in os.scandir(target.parent)]
+    except OSError:
+        return
+    for name in names:
+        found = pattern.fullmatch(name)
+        if found is None:
+            continue
+        candidate = target.parent / name
+        try:
+            fd = os.open(candidate, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            if not (_lock(fd) and _same_file(fd, candidate)):
+                continue
+            if found.group(1) == "old" and not os.path.lexists(target):
+                os.replace(candidate, target)
+            else:
+                shutil.rmtree(candidate, ignore_errors=True)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
 def _fsync_folder(folder: Path) -> None:
     # Makes the rename itself durable; not every platform can open a folder.
     try:
@@ -177,7 +314,8 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     **Returns:** the target path. With several JAX processes only process 0 writes; see the
     module docstring.
 
-    Raises `ValueError` naming `path` when its folder does not exist. Stale temporaries of
+    Raises `ValueError` naming `path` when it is a directory or its folder does not exist
+    (the rule of `hybrid_kernels._paths`). Stale temporaries of
     the same target (from killed saves) are deleted first; see the module docstring.
     """
     target = Path(path)
@@ -185,10 +323,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
 
 
 def _write_here(target: Path, data: bytes) -> Path:
-    if not target.parent.is_dir():
-        raise ValueError(
-            f"cannot save to {str(target)!r}: its folder {str(target.parent)!r} does not exist"
-        )
+    file_to_write(target)
     _remove_stale(target)
     fd, tmp = _create_temporary(target)
     try:

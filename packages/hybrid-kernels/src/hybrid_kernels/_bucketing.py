@@ -230,7 +230,9 @@ def stack_bucket(exps, scattered, T: int, n_devices: int, dtype: np.dtype):
     y0 = np.stack([e.y0.astype(dtype) if e.y0.dtype.kind == "f" else e.y0 for e in src])
     weights = np.zeros((n_rows,), dtype)
     weights[:n_real] = 1
-    inputs, jump_ts = stack_inputs([getattr(e, "inputs", {}) for e in src], dtype)
+    inputs, jump_ts = stack_inputs(
+        [getattr(e, "inputs", {}) for e in src], dtype, [e.exp_id for e in src]
+    )
     fields = dict(
         ts=ts,
         y_observed=y,

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from hybrid_kernels._inputs import InputTable
+from hybrid_kernels._inputs import InputTable, check_times_fit
 
 
 class ChannelObs(eqx.Module):
@@ -127,8 +127,9 @@ def make_experiment(
 
     **Returns:** the experiment. Raises `ValueError` naming `exp_id` on a rank>1 or non-finite
     covariate, a `y0` that is not rank-1 and finite, a missing `t0` or an observation before
-    it; `TypeError` on a non-str `exp_id`, a non-numeric covariate or `y0`, or a channel that
-    is not a `ChannelObs`.
+    it, or an input time too large for float64 times (`t + 1 == t`, naming the input);
+    `TypeError` on a non-str `exp_id`, a non-numeric covariate or `y0`, or a channel that is
+    not a `ChannelObs`.
     """
     if not isinstance(exp_id, str):
         raise TypeError(f"make_experiment: `exp_id` must be a str, got {exp_id!r}.")
@@ -187,6 +188,7 @@ def make_experiment(
                 f"make_experiment({exp_id!r}): input {name!r} is also a covariate; "
                 "names must differ."
             )
+        check_times_fit(table, np.float64, f"make_experiment({exp_id!r}): input {name!r}")
     y0 = _as_array(
         y0_fn({k: jnp.asarray(v) for k, v in covs.items()}, channels),
         f"make_experiment({exp_id!r}): `y0_fn`'s return value",

@@ -8,6 +8,14 @@ which diffrax reads as a jump), pads the knots of a bucket to one length, and st
 switch times as its jump times. Inside `simulate_fn`, `covariates[name]` is an
 [`hybrid_kernels.InputSignal`][]: call it at `t`. The row's switch times reach the step-size
 controller through `SolverConfig.diffeqsolve` (see [`hybrid_kernels.SolverConfig`][]).
+
+A table's own times are strictly increasing: a repeated time would give one instant two
+values, and a step is what a `"constant"` table already means. (The repeated knots above are
+made by `knots()`, never given.) Every time must also leave room for a step of 1 on either
+side in the dtype of the solve (`t + 1 != t`): `knots()` holds the end values one time unit
+beyond the table, and the step-size controller must step just before and after each switch.
+Times beyond that (about 4.5e15 in float64, 8.4e6 in float32) are refused, naming the input,
+by `make_experiment` and `make_dataset`; shift or rescale them (hours instead of seconds).
 """
 
 from __future__ import annotations
@@ -16,10 +24,55 @@ from typing import Any
 
 import diffrax
 import equinox as eqx
+import jax
 import numpy as np
 from jaxtyping import Array, Float
 
 INPUT_KINDS = ("constant", "linear")
+
+
+def _check(ts: np.ndarray, values: np.ndarray, where: str) -> None:
+    """The rule every table obeys; `where` starts each message."""
+    if ts.ndim != 1 or ts.size == 0:
+        raise ValueError(f"{where}: `ts` must be a non-empty rank-1 array, got shape {ts.shape}.")
+    if values.ndim not in (1, 2) or values.shape[0] != ts.shape[0]:
+        raise ValueError(
+            f"{where}: `values` must have shape [K] or [K, C] with K = len(ts) = {ts.size}, "
+            f"got {values.shape}."
+        )
+    if not np.all(np.isfinite(ts)):
+        raise ValueError(f"{where}: `ts` must be finite, got {ts.tolist()}.")
+    if not np.all(np.isfinite(values)):
+        raise ValueError(f"{where}: `values` must be finite, got {values.tolist()}.")
+    if np.any(np.diff(ts) <= 0):
+        raise ValueError(
+            f"{where}: `ts` must be strictly increasing (a step is a 'constant' table's switch, "
+            f"not a repeated time), got {ts.tolist()}."
+        )
+
+
+def unusable_times(ts: Any, dtype: Any) -> list[float]:
+    """The times of `ts` with no room for a step of 1 on either side in `dtype` (see module)."""
+    t = np.asarray(ts, dtype=dtype)
+    one = np.asarray(1, dtype=dtype)
+    bad = ~np.isfinite(t) | (t + one == t) | (t - one == t)
+    return [float(x) for x in np.asarray(ts, dtype=np.float64)[bad]]
+
+
+def check_times_fit(table: InputTable, dtype: Any, where: str) -> None:
+    """Raise `ValueError` starting with `where` when a time of `table` is unusable in `dtype`."""
+    bad = unusable_times(table.ts, dtype)
+    if bad:
+        raise ValueError(
+            f"{where}: time(s) {bad} are too large for {np.dtype(dtype).name} times (t + 1 == t): "
+            "the solver cannot step to just before and after them. Shift or rescale the "
+            "times (for example hours instead of seconds)."
+        )
+
+
+def _as_host(x: Any) -> Any:
+    # Traced inside jit/vmap: kept as it is, and the checks are skipped.
+    return x if isinstance(x, jax.core.Tracer) else np.asarray(x, dtype=np.float64)
 
 
 class InputTable(eqx.Module):
@@ -28,19 +81,27 @@ class InputTable(eqx.Module):
     Build it with [`hybrid_kernels.piecewise_constant`][] or
     [`hybrid_kernels.piecewise_linear`][].
 
-    - `ts` `[K]`: strictly increasing knot (switch) times.
-    - `values` `[K]` or `[K, C]`: the value at each knot.
+    - `ts` `[K]`: strictly increasing, finite knot (switch) times (see the module on
+        repeated times and on times too large for the dtype).
+    - `values` `[K]` or `[K, C]`: the finite value at each knot.
     - `kind`: `"constant"` (value `values[k]` holds on `[ts[k], ts[k+1])`, and before `ts[0]`)
         or `"linear"` (linear between knots, held constant outside them).
+
+    Built directly, it checks the same as the two constructors and raises `ValueError`;
+    host inputs become float64 NumPy arrays. Built with traced arrays (inside `jax.jit` or
+    `jax.vmap`), the values cannot be checked and are not.
     """
 
-    ts: np.ndarray
-    values: np.ndarray
+    ts: np.ndarray = eqx.field(converter=_as_host)
+    values: np.ndarray = eqx.field(converter=_as_host)
     kind: str = eqx.field(static=True)
 
     def __check_init__(self):
         if self.kind not in INPUT_KINDS:
             raise ValueError(f"InputTable: `kind` must be one of {INPUT_KINDS}, got {self.kind!r}.")
+        if isinstance(self.ts, jax.core.Tracer) or isinstance(self.values, jax.core.Tracer):
+            return
+        _check(np.asarray(self.ts), np.asarray(self.values), "InputTable")
 
     def jump_times(self) -> np.ndarray:
         """Where the signal or its slope jumps: the solver should step to just these times."""
@@ -66,17 +127,7 @@ class InputTable(eqx.Module):
 def _table(ts: Any, values: Any, kind: str, where: str) -> InputTable:
     ts = np.asarray(ts, dtype=np.float64)
     values = np.asarray(values, dtype=np.float64)
-    if ts.ndim != 1 or ts.size == 0:
-        raise ValueError(f"{where}: `ts` must be a non-empty rank-1 array, got shape {ts.shape}.")
-    if values.ndim not in (1, 2) or values.shape[0] != ts.shape[0]:
-        raise ValueError(
-            f"{where}: `values` must have shape [K] or [K, C] with K = len(ts) = {ts.size}, "
-            f"got {values.shape}."
-        )
-    if not (np.all(np.isfinite(ts)) and np.all(np.isfinite(values))):
-        raise ValueError(f"{where}: `ts` and `values` must be finite.")
-    if np.any(np.diff(ts) <= 0):
-        raise ValueError(f"{where}: `ts` must be strictly increasing, got {ts.tolist()}.")
+    _check(ts, values, where)
     return InputTable(ts=ts, values=values, kind=kind)
 
 
@@ -119,7 +170,7 @@ class InputSignal(eqx.Module):
 
 
 def stack_inputs(
-    tables: list[dict[str, InputTable]], dtype: np.dtype
+    tables: list[dict[str, InputTable]], dtype: np.dtype, exp_ids: list[str] | None = None
 ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]] | None, np.ndarray | None]:
     """Knots of every row padded to one bucket-wide length, and each row's jump times.
 
@@ -128,11 +179,17 @@ def stack_inputs(
     `diffrax.ClipStepSizeController` never reaches.
 
     **Returns:** `({name: (ts [N, L], ys [N, L, ...])}, jump_ts [N, J])`, or `(None, None)`
-    when the experiments have no inputs.
+    when the experiments have no inputs. Raises `ValueError` naming the experiment (from
+    `exp_ids`) and the input when a time is too large for `dtype` (see the module).
     """
     names = sorted(tables[0])
     if not names:
         return None, None
+    for n, row in enumerate(tables):
+        exp_id = exp_ids[n] if exp_ids is not None else str(n)
+        for name in names:
+            where = f"make_dataset: experiment {exp_id!r}, input {name!r}"
+            check_times_fit(row[name], dtype, where)
     inputs = {}
     for name in names:
         knots = [t[name].knots() for t in tables]

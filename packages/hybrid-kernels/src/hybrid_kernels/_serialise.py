@@ -34,6 +34,7 @@ import numpy as np
 from hybrid_kernels.__about__ import __version__
 from hybrid_kernels._atomic import write_atomic
 from hybrid_kernels._npy import check_npy_header
+from hybrid_kernels._paths import read_bytes
 
 _MAGIC = b"hybrid-kernels predictors\n"
 _FORMAT = 2
@@ -158,6 +159,9 @@ def save_predictors(
     temporary file unique to this call (`.<name>.<random>.tmp` in the same folder) and renamed
     over `path`, so concurrent saves never mix; temporaries of `path` left by a killed save
     are deleted by the next save to `path`.
+
+    **Raises:** `ValueError` naming `path` when it is a directory or its folder does not
+    exist; `TypeError` when `metadata` is not JSON-serialisable.
     """
     path = Path(path)
     try:
@@ -189,7 +193,7 @@ def _valid_header(header: dict[str, Any]) -> bool:
 
 def _read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], bytes]:
     """The header and leaf bytes of the file at `path`, after checking its digest."""
-    data = Path(path).read_bytes()
+    data = read_bytes(path)
     if not data.startswith(_MAGIC):
         raise ValueError(f"{str(path)!r} is not a file written by save_predictors")
     head, sep, rest = data[len(_MAGIC) :].partition(b"\n")
@@ -218,7 +222,8 @@ def _read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], bytes]:
 def read_predictors_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The `metadata` mapping given to `save_predictors` for the file at `path`.
 
-    Raises `ValueError` when the file is not a predictors file or fails its checksum.
+    Raises `ValueError` naming `path` when it does not exist, is a directory or cannot be
+    read, and when the file is not a predictors file or fails its checksum.
     """
     return _read(path)[0]["metadata"]
 
@@ -243,7 +248,8 @@ def load_predictors(path: str | os.PathLike[str], template: Any) -> Any:
 
     **Returns:** a new pytree like `template` holding the saved values.
 
-    Raises `ValueError` when the file is not a predictors file, fails its checksum (it was
+    Raises `ValueError` naming `path` when it does not exist, is a directory or cannot be
+    read; when the file is not a predictors file, fails its checksum (it was
     truncated or altered), or when the template does not match what was saved (the message
     names the first differing leaf or the structure).
     """

@@ -33,6 +33,8 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_kernels._inputs import unusable_times
+
 SOLVER_REGISTRY: dict[str, type] = {
     "Tsit5": diffrax.Tsit5,
     "Kvaerno3": diffrax.Kvaerno3,
@@ -98,7 +100,8 @@ class SolverConfig(eqx.Module):
         floats, default none). The solver steps to just before and just after each of them
         (`diffrax.ClipStepSizeController`) instead of failing steps across them. Each
         experiment's own input switch times (see [`hybrid_kernels.piecewise_constant`][]) are
-        added automatically inside the kernels.
+        added automatically inside the kernels. A time too large to step around in float64
+        (`t + 1 == t`, beyond about 4.5e15) raises `ValueError`.
     - `throw`: `True` (default) raises when a solve fails. `False` lets a failed experiment
         return non-finite states instead; the kernels then mask that row out of the loss,
         report it (`return_status=True`) and keep training the rest of the bucket. Kernels
@@ -160,6 +163,13 @@ class SolverConfig(eqx.Module):
         ):
             raise ValueError(
                 f"SolverConfig: `jump_ts` must be a tuple of finite floats, got {self.jump_ts!r}."
+            )
+        too_large = unusable_times(self.jump_ts, np.float64)
+        if too_large:
+            raise ValueError(
+                f"SolverConfig: `jump_ts` {too_large} are too large for float64 times "
+                "(t + 1 == t): the solver cannot step to just before and after them. Shift or "
+                "rescale the times."
             )
         if self.sensitivity not in ("reverse", "forward", "auto"):
             raise ValueError(

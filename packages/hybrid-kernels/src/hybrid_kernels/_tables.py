@@ -21,6 +21,7 @@ from hybrid_kernels._distributed import to_host
 from hybrid_kernels._experiments import ChannelObs, Experiment, make_experiment
 from hybrid_kernels._inputs import INPUT_KINDS, piecewise_constant, piecewise_linear
 from hybrid_kernels._optional import require
+from hybrid_kernels._paths import file_to_read, unreadable
 
 _WHERE = "experiments_from_table"
 
@@ -35,12 +36,15 @@ def _read(table: Any, what: str) -> Any:
     if isinstance(table, pd.DataFrame):
         return table
     if isinstance(table, str | os.PathLike):
-        path = os.fspath(table)
-        if path.endswith(".parquet"):
-            return pd.read_parquet(path)
-        if path.endswith((".xls", ".xlsx")):
-            return pd.read_excel(path)
-        return pd.read_csv(path)
+        path = file_to_read(table, what)
+        try:
+            if path.suffix == ".parquet":
+                return pd.read_parquet(path)
+            if path.suffix in (".xls", ".xlsx"):
+                return pd.read_excel(path)
+            return pd.read_csv(path)
+        except OSError as error:  # a file the system refuses to read (permissions...)
+            raise unreadable(what, path, error) from None
     raise TypeError(
         f"{_WHERE}: `{what}` must be a pandas DataFrame or a path to a file pandas reads, "
         f"got {type(table).__name__}."
@@ -54,6 +58,31 @@ def _need(df: Any, cols: Sequence[str], what: str) -> None:
             f"{_WHERE}: `{what}` has no column(s) {missing}; it has {list(df.columns)}. Name "
             "them with the `*_col` arguments."
         )
+
+
+def _rows(positions: np.ndarray) -> str:
+    shown = positions[:10].tolist()
+    more = f" and {positions.size - 10} more" if positions.size > 10 else ""
+    return f"row(s) {shown}{more} (data rows counted from 0)"
+
+
+def _labels(df: Any, col: str, what: str) -> Any:
+    """Column `col` as strings, after refusing missing or blank cells.
+
+    Checked before converting, because pandas versions disagree about what `astype(str)` makes
+    of a missing cell (`'nan'` in pandas 2, a missing value in pandas 3).
+    """
+    cells = df[col]
+    missing = cells.isna().to_numpy(dtype=bool)
+    blank = np.zeros(len(cells), dtype=bool)
+    blank[~missing] = cells[~missing].astype(str).str.strip().eq("").to_numpy(dtype=bool)
+    bad = np.flatnonzero(missing | blank)
+    if bad.size:
+        raise ValueError(
+            f"{_WHERE}: `{what}` has no {col!r} in {_rows(bad)}; every row needs one (an "
+            "experiment id or a variable name)."
+        )
+    return cells.astype(str)
 
 
 def _numeric(df: Any, col: str, what: str, exp_col: str, var_col: str | None) -> np.ndarray:
@@ -111,17 +140,27 @@ def experiments_from_table(
     **Returns:** the experiments in order of first appearance; `exp_id` is the experiment
     column as a string. Every error names the experiment, the variable and the field; an
     experiment listed twice in `covariates` raises.
+
+    **Raises:** `ValueError` for a missing or blank experiment id or variable name (with the
+    row numbers, counted from 0 at the first data row), a `std` that is present but not
+    finite and > 0, a covariate that is not a finite number (naming experiment and column),
+    and a path that does not exist, is a directory or cannot be read (naming the argument).
     """
     obs = _read(observations, "observations")
     cols = [exp_col, time_col, variable_col, value_col]
     _need(obs, cols, "observations")
     has_std = std_col is not None and std_col in obs.columns
     obs = obs.assign(
-        **{exp_col: obs[exp_col].astype(str), variable_col: obs[variable_col].astype(str)}
+        **{
+            exp_col: _labels(obs, exp_col, "observations"),
+            variable_col: _labels(obs, variable_col, "observations"),
+        }
     )
     times = _numeric(obs, time_col, "observations", exp_col, variable_col)
     values = _numeric(obs, value_col, "observations", exp_col, variable_col)
     stds = _numeric(obs, std_col, "observations", exp_col, variable_col) if has_std else None
+    if stds is not None:
+        _check_stds(obs, stds, std_col, exp_col, variable_col)
     names = sorted(obs[variable_col].unique()) if variables is None else list(variables)
     ids = list(dict.fromkeys(obs[exp_col]))
 
@@ -161,12 +200,25 @@ def experiments_from_table(
     return out
 
 
+def _check_stds(obs: Any, stds: np.ndarray, std_col: str, exp_col: str, variable_col: str) -> None:
+    # An empty cell means "no std given" (variance 1); anything else must be a real std: a
+    # negative one would otherwise square into a plausible variance.
+    bad = np.flatnonzero(~np.isnan(stds) & ~(np.isfinite(stds) & (stds > 0)))
+    if bad.size:
+        row = obs.iloc[bad[0]]
+        raise ValueError(
+            f"{_WHERE}: `observations` experiment {row[exp_col]!r}, variable "
+            f"{row[variable_col]!r}: field {std_col!r} is {float(stds[bad[0]])} in {_rows(bad)}; a "
+            "standard deviation must be finite and > 0 (leave the cell empty for variance 1)."
+        )
+
+
 def _covariate_rows(covariates: Any, exp_col: str, ids: list[str]) -> dict[str, dict[str, float]]:
     if covariates is None:
         return {}
     df = _read(covariates, "covariates")
     _need(df, [exp_col], "covariates")
-    df = df.assign(**{exp_col: df[exp_col].astype(str)})
+    df = df.assign(**{exp_col: _labels(df, exp_col, "covariates")})
     dup = df[exp_col][df[exp_col].duplicated()]
     if len(dup):
         raise ValueError(
@@ -178,17 +230,28 @@ def _covariate_rows(covariates: Any, exp_col: str, ids: list[str]) -> dict[str, 
         raise ValueError(
             f"{_WHERE}: `covariates` has no row for experiment(s) {missing} (field {exp_col!r})."
         )
-    out = {}
     names = [c for c in df.columns if c != exp_col]
-    for _, row in df.iterrows():
-        for c in names:
-            if not np.isfinite(float(row[c])):
-                raise ValueError(
-                    f"{_WHERE}: `covariates` experiment {row[exp_col]!r}, variable {c!r}: the "
-                    f"value {row[c]!r} is missing or not finite; covariates must be given."
-                )
-        out[row[exp_col]] = {c: float(row[c]) for c in names}
-    return out
+    ids_in_order = df[exp_col].tolist()
+    pd = _pandas()
+    columns = {}
+    for c in names:
+        values = pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=np.float64)
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            i = bad[0]
+            cell = df[c].iloc[i]
+            if df[c].isna().iloc[i]:
+                why = "is missing"
+            else:
+                why = "is not a number" if np.isnan(values[i]) else "is not finite"
+            raise ValueError(
+                f"{_WHERE}: `covariates` experiment {ids_in_order[i]!r}, column {c!r}: "
+                f"{cell!r} {why} ({_rows(bad)}); every covariate must be a finite number."
+            )
+        columns[c] = values
+    return {
+        exp_id: {c: float(columns[c][i]) for c in names} for i, exp_id in enumerate(ids_in_order)
+    }
 
 
 def _input_tables(inputs, kinds, exp_col, time_col, variable_col, value_col):
@@ -196,7 +259,8 @@ def _input_tables(inputs, kinds, exp_col, time_col, variable_col, value_col):
         return {}
     df = _read(inputs, "inputs")
     _need(df, [exp_col, time_col, variable_col, value_col], "inputs")
-    df = df.assign(**{exp_col: df[exp_col].astype(str), variable_col: df[variable_col].astype(str)})
+    labels = {c: _labels(df, c, "inputs") for c in (exp_col, variable_col)}
+    df = df.assign(**labels)
     for name, kind in kinds.items():
         if kind not in INPUT_KINDS:
             raise ValueError(

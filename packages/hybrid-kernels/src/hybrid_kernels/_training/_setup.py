@@ -26,6 +26,7 @@ import numpy as np
 
 from hybrid_kernels._dispatch import _strong
 from hybrid_kernels._dtypes import default_float
+from hybrid_kernels._paths import file_to_write
 from hybrid_kernels._penalties import (
     data_penalty_points,
     select_penalty_points,
@@ -196,7 +197,11 @@ def prepare(
         hook_events=None if hook is None else HookEvents(hooks),
         key=key,
         fingerprint=_fingerprint(config, dataset, predictors),
-        path=None if config.checkpoint_path is None else Path(config.checkpoint_path),
+        path=(
+            None
+            if config.checkpoint_path is None
+            else file_to_write(config.checkpoint_path, "checkpoint_path")  # before any step
+        ),
         sources=sources,
         extras=extras,
         mesh=mesh,

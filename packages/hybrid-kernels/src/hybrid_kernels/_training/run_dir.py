@@ -2,15 +2,19 @@
 
 ```
 run/
-  run.json              format, version, package versions, solver, config, history, leaves
+  run.json              format, version, package versions, solver, config, history, leaves,
+                        the SHA-256 of each other file
   predictors.eqx        save_predictors
   training_state.npz    save_training_state (only when a state was given)
 ```
 
 The folder is written beside its destination under a temporary name and renamed into place,
-so an interrupted save leaves either the previous run or none, never half of one. `run.json`
-ends with a SHA-256 of its other contents, and the two files carry their own checksums, so a
-changed digit anywhere is refused on load instead of loading another run.
+so an interrupted save leaves either the previous run or none, never half of one; the next
+save to the same path removes what a killed save left behind (`hybrid_kernels._atomic`).
+`run.json` ends with a SHA-256 of its other contents, and the two files carry their own
+checksums, so a changed digit anywhere is refused on load instead of loading another run.
+`run.json` also records the SHA-256 of each other file, so a file copied in from another run,
+or a `run.json` from another run, is refused naming the file (`_run_files`).
 """
 
 from __future__ import annotations
@@ -22,8 +26,6 @@ import json
 import os
 import platform
 import shutil
-import tempfile
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,24 +33,41 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.tree_util as jtu
-import numpy as np
-import optax
 
 from hybrid_kernels.__about__ import __version__
-from hybrid_kernels._atomic import _fsync_folder, _single_writer, write_atomic
+from hybrid_kernels._atomic import (
+    _fsync_folder,
+    _single_writer,
+    exchange,
+    release,
+    remove_stale_folders,
+    set_aside,
+    staging_folder,
+    write_atomic,
+)
+from hybrid_kernels._paths import folder_to_read, folder_to_write, read_bytes
 from hybrid_kernels._serialise import load_predictors, save_predictors
 from hybrid_kernels._solver import SolverConfig
 from hybrid_kernels._trainable import count_trainable_params, path_str
+from hybrid_kernels._training._run_files import MANIFEST, check_bound, file_digests
+from hybrid_kernels._training._run_json import (
+    config_field,
+    from_json,
+    history_from_json,
+    history_to_json,
+    rebuild_config,
+    to_json,
+)
 from hybrid_kernels._training.config import OptaxTrainingConfig
 from hybrid_kernels._training.history import LossHistory
 from hybrid_kernels._training.state import TrainingState, load_training_state, save_training_state
 
 _FORMAT = "hybrid_kernels.run"
-_VERSION = 1
-_MANIFEST = "run.json"
+_VERSION = 2  # 2: run.json binds the other files by their digests
+_READS = (1, 2)  # version 1 loads with a warning: its files cannot be checked (`_run_files`)
+_MANIFEST = MANIFEST
 _PREDICTORS = "predictors.eqx"
 _STATE = "training_state.npz"
-_TUPLE = "__tuple__"  # JSON has no tuples; a tagged list brings them back as tuples
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,92 +95,6 @@ class SavedRun:
     history: LossHistory
     state: TrainingState | None
     metadata: dict[str, Any]
-
-
-def _to_json(value: Any) -> Any:
-    """Plain data with tuples tagged; raises `TypeError` for anything else."""
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, np.generic | np.ndarray | jax.Array) and np.ndim(value) == 0:
-        return np.asarray(value).item()
-    if isinstance(value, tuple):
-        return {_TUPLE: [_to_json(v) for v in value]}
-    if isinstance(value, list):
-        return [_to_json(v) for v in value]
-    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
-        return {k: _to_json(v) for k, v in value.items()}
-    raise TypeError(f"{type(value).__name__} is not JSON data")
-
-
-def _from_json(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_from_json(v) for v in value]
-    if isinstance(value, dict):
-        if set(value) == {_TUPLE}:
-            return tuple(_from_json(v) for v in value[_TUPLE])
-        return {k: _from_json(v) for k, v in value.items()}
-    return value
-
-
-def _history_to_json(history: LossHistory) -> dict[str, Any]:
-    # Every attribute, generically: a field added to LossHistory later round-trips unchanged.
-    attributes, skipped = {}, []
-    for name, value in vars(history).items():
-        try:
-            attributes[name] = _to_json(value)
-        except TypeError:
-            skipped.append(name)
-    if skipped:
-        warnings.warn(
-            f"save_run: history attribute(s) {skipped} are not JSON data (numbers, strings, "
-            "lists, tuples, dicts) and were not saved",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    return {"values": [float(v) for v in history], "attributes": attributes}
-
-
-def _history_from_json(data: dict[str, Any]) -> LossHistory:
-    history = LossHistory(data["values"])
-    for name, value in data["attributes"].items():
-        setattr(history, name, _from_json(value))
-    return history
-
-
-def _config_field(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return {_TUPLE: [_config_field(v) for v in value]}
-    if isinstance(value, optax.GradientTransformation):
-        return {"callable": "optax.GradientTransformation"}
-    if callable(value):
-        return {"callable": getattr(value, "__qualname__", type(value).__name__)}
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if hasattr(value, "shape"):
-        return {"array": np.asarray(value).tolist()}
-    return _to_json(value)
-
-
-def _has_callable(value: Any) -> bool:
-    if isinstance(value, dict):
-        return "callable" in value or any(_has_callable(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_has_callable(v) for v in value)
-    return False
-
-
-def _rebuild_field(value: Any) -> Any:
-    if isinstance(value, dict) and set(value) == {"array"}:
-        return np.asarray(value["array"])
-    if isinstance(value, dict) and set(value) == {_TUPLE}:
-        return tuple(_rebuild_field(v) for v in value[_TUPLE])
-    return value
-
-
-def _rebuild_config(fields: dict[str, Any]) -> OptaxTrainingConfig | None:
-    if _has_callable(fields):
-        return None
-    return OptaxTrainingConfig(**{k: _rebuild_field(v) for k, v in fields.items()})
 
 
 def _versions() -> dict[str, str]:
@@ -206,7 +139,7 @@ def save_run(
 
     **Arguments:**
 
-    - `path`: the directory to create; its parent must exist.
+    - `path`: the directory to create; its parent folder must exist.
     - `predictors`: the trained predictors (saved with
         [`save_predictors`][hybrid_kernels.save_predictors]).
     - `solver`: the [`SolverConfig`][hybrid_kernels.SolverConfig] of the fit.
@@ -222,9 +155,14 @@ def save_run(
 
     **Returns:** the path written.
 
-    **Raises:** `ValueError` for a missing parent, an existing `path` without `overwrite`, or
-    an existing `path` that is not a run directory; `TypeError` for a wrong argument type or
-    metadata that is not JSON data.
+    A save killed part-way leaves a locked-then-abandoned temporary folder beside `path`; the
+    next save to `path` removes it (or, when the kill came between setting the old run aside
+    and moving the new one in, puts the old run back first).
+
+    **Raises:** `ValueError` naming `path` when it is a file (a directory is expected), when
+    its parent folder does not exist, when it exists without `overwrite`, or when it is a
+    directory that is not a run; `TypeError` for a wrong argument type or metadata that is
+    not JSON data.
     """
     path = Path(path)
     if not isinstance(solver, SolverConfig):
@@ -236,7 +174,7 @@ def save_run(
     if state is not None and not isinstance(state, TrainingState):
         raise TypeError(f"save_run: state must be a TrainingState; got {type(state).__name__}")
     try:
-        user = _to_json(dict(metadata or {}))
+        user = to_json(dict(metadata or {}))
     except TypeError as err:
         raise TypeError(f"save_run: metadata must be JSON data: {err}") from None
     history = LossHistory() if history is None else history
@@ -246,10 +184,10 @@ def save_run(
         "versions": _versions(),
         "solver": solver.to_dict(),
         "config": {
-            f.name: _config_field(getattr(config, f.name)) for f in dataclasses.fields(config)
+            f.name: config_field(getattr(config, f.name)) for f in dataclasses.fields(config)
         },
         "config_fingerprint": config.fingerprint(),
-        "history": _history_to_json(history),
+        "history": history_to_json(history),
         "leaves": _describe_leaves(predictors, trainable),
         "n_trainable_params": (
             None if trainable is None else count_trainable_params(predictors, trainable)
@@ -268,8 +206,8 @@ def save_run(
 def _write_run(
     path: Path, predictors: Any, state: TrainingState | None, manifest: dict, *, overwrite: bool
 ) -> Path:
-    if not path.parent.is_dir():
-        raise ValueError(f"save_run: the parent directory of {str(path)!r} does not exist")
+    folder_to_write(path)
+    remove_stale_folders(path)
     if path.exists():
         if not overwrite:
             raise ValueError(f"save_run: {str(path)!r} exists; pass overwrite=True to replace it")
@@ -277,11 +215,13 @@ def _write_run(
             raise ValueError(
                 f"save_run: {str(path)!r} exists and is not a run directory; refusing to replace it"
             )
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    lock, staging = staging_folder(path)
     try:
         save_predictors(staging / _PREDICTORS, predictors)
         if state is not None:
             save_training_state(staging / _STATE, state)
+        names = [name for name in manifest["files"].values() if name is not None]
+        manifest = {**manifest, "digests": file_digests(staging, names)}
         body = json.dumps({**manifest, "checksum": _checksum(manifest)}, indent=1)
         write_atomic(staging / _MANIFEST, body.encode())
         _swap_into_place(staging, path)
@@ -289,24 +229,30 @@ def _write_run(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    finally:
+        release(lock)
     return path
 
 
 def _swap_into_place(staging: Path, path: Path) -> None:
     # A directory cannot be renamed over a non-empty one: move the old run aside first, so at
     # every moment `path` is either the old complete run or the new one.
-    old = None
-    if path.exists():
-        old = path.with_name(f".{path.name}.old-{os.getpid()}")
-        os.replace(path, old)
-    try:
+    if not path.exists():
         os.replace(staging, path)
-    except BaseException:
-        if old is not None:
+        return
+    if exchange(staging, path):  # one step: `path` is never missing
+        shutil.rmtree(staging, ignore_errors=True)  # now the old run
+        return
+    lock, old = set_aside(path)
+    try:
+        try:
+            os.replace(staging, path)
+        except BaseException:
             os.replace(old, path)
-        raise
-    if old is not None:
+            raise
         shutil.rmtree(old, ignore_errors=True)
+    finally:
+        release(lock)
 
 
 def _checksum(manifest: Mapping[str, Any]) -> str:
@@ -316,20 +262,18 @@ def _checksum(manifest: Mapping[str, Any]) -> str:
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
-    if not path.is_dir():
-        raise ValueError(f"load_run: {str(path)!r} is not a directory")
+    if not (path / _MANIFEST).exists():
+        raise ValueError(f"load_run: {str(path)!r} holds no {_MANIFEST}; not a run")
     try:
-        manifest = json.loads((path / _MANIFEST).read_text())
-    except FileNotFoundError:
-        raise ValueError(f"load_run: {str(path)!r} holds no {_MANIFEST}; not a run") from None
-    except json.JSONDecodeError as err:
+        manifest = json.loads(read_bytes(path / _MANIFEST))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"load_run: {str(path / _MANIFEST)!r} is damaged: {err}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
         raise ValueError(f"load_run: {str(path / _MANIFEST)!r} is not a run manifest")
-    if manifest.get("version") != _VERSION:
+    if manifest.get("version") not in _READS:
         raise ValueError(
             f"load_run: {str(path)!r} has run format version {manifest.get('version')!r}; "
-            f"this hybrid_kernels reads version {_VERSION}"
+            f"this hybrid_kernels reads versions {list(_READS)}"
         )
     stored = manifest.pop("checksum", None)
     if stored != _checksum(manifest):
@@ -343,6 +287,7 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     for name in manifest["files"].values():
         if name is not None and not (path / name).is_file():
             raise ValueError(f"load_run: {str(path)!r} lacks its file {name!r}")
+    check_bound(path, manifest, legacy=manifest["version"] == 1)
     return manifest
 
 
@@ -360,10 +305,13 @@ def load_run(path: str | os.PathLike[str], template: Any, *, opt_state: Any = No
 
     **Returns:** a [`SavedRun`][hybrid_kernels.SavedRun].
 
-    **Raises:** `ValueError` when `path` is not a run directory, has another format version,
-    lacks a file, or does not match the templates.
+    **Raises:** `ValueError` when `path` does not exist or is a file (the message names
+    `path`), is not a run directory, has another format version, lacks a file, holds a file
+    that does not belong to its `run.json` (copied from another run; the message names it),
+    or does not match the templates. A run saved by hybrid_kernels before files were bound
+    to `run.json` loads with a `RuntimeWarning`.
     """
-    path = Path(path)
+    path = folder_to_read(path)
     manifest = _read_manifest(path)
     predictors = load_predictors(path / manifest["files"]["predictors"], template)
     state = None
@@ -373,8 +321,8 @@ def load_run(path: str | os.PathLike[str], template: Any, *, opt_state: Any = No
         )
     try:
         solver = SolverConfig.from_dict(manifest["solver"])
-        config = _rebuild_config(manifest["config"])
-        history = _history_from_json(manifest["history"])
+        config = rebuild_config(manifest["config"])
+        history = history_from_json(manifest["history"])
     except (KeyError, TypeError) as err:
         raise ValueError(f"load_run: {str(path / _MANIFEST)!r} is damaged: {err!r}") from None
     metadata = {
@@ -382,13 +330,13 @@ def load_run(path: str | os.PathLike[str], template: Any, *, opt_state: Any = No
         "leaves": manifest["leaves"],
         "n_trainable_params": manifest.get("n_trainable_params"),
         "config_fingerprint": manifest.get("config_fingerprint"),
-        "user": _from_json(manifest.get("metadata", {})),
+        "user": from_json(manifest.get("metadata", {})),
     }
     return SavedRun(
         predictors=predictors,
         solver=solver,
         config=config,
-        config_fields=_from_json(manifest["config"]),
+        config_fields=from_json(manifest["config"]),
         history=history,
         state=state,
         metadata=metadata,

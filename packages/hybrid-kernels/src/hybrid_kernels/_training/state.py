@@ -26,7 +26,6 @@ import json
 import os
 import zipfile
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import equinox as eqx
@@ -36,6 +35,7 @@ import numpy as np
 
 from hybrid_kernels._atomic import write_atomic
 from hybrid_kernels._npy import read_npy
+from hybrid_kernels._paths import read_bytes
 
 _FORMAT = "hybrid_kernels.TrainingState"
 _VERSION = 2
@@ -168,7 +168,7 @@ def save_training_state(path: str | os.PathLike[str], state: TrainingState) -> N
     (`.<name>.<random>.tmp` in the same folder) and the last rename wins. Temporaries of
     `path` left behind by a killed save are deleted by the next save to `path`.
 
-    **Raises:** `ValueError` naming `path` when its folder does not exist.
+    **Raises:** `ValueError` naming `path` when it is a directory or its folder does not exist.
     """
     arrays: dict[str, np.ndarray] = {}
     described: dict[str, list[dict[str, Any]]] = {}
@@ -203,7 +203,7 @@ def _damaged(path: str | os.PathLike[str], why: str) -> ValueError:
 
 def _read_members(path: str | os.PathLike[str]) -> dict[str, bytes]:
     """Every member of the archive at `path`, after checking the checksum."""
-    data = Path(path).read_bytes()
+    data = read_bytes(path)
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             infos = archive.infolist()
@@ -314,7 +314,8 @@ def load_training_state(
 
     **Returns:** the [`TrainingState`][hybrid_kernels.TrainingState].
 
-    **Raises:** `ValueError` when the file is not a saved state, is truncated or damaged (its
+    **Raises:** `ValueError` naming `path` when it does not exist, is a directory or cannot be
+    read; when the file is not a saved state, is truncated or damaged (its
     checksum does not match), or the templates do not match; every stored array's shape and
     dtype is checked against the templates before its data is read.
     """
