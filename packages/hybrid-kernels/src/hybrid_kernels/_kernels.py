@@ -313,6 +313,8 @@ def build_bucket_step(
     an `[N, 2]` int32 device array: each row's accepted and rejected steps, read from
     diffrax's `stats` of the solve the loss already made (-1 where `simulate_fn` did not
     solve through `solver.diffeqsolve`). Reading it is the caller's choice of host sync.
+    Once traced, `bucket_step.sensitivity_notice` is the text of `"auto"`'s reverse-mode
+    fallback (forward mode could not differentiate `simulate_fn`), or `None`.
     """
     spec = (simulate_fn, state_to_output, solver, loss_fn, trajectory_penalty_fn)
     weight = trajectory_penalty_weight
