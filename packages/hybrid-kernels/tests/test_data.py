@@ -203,22 +203,60 @@ def test_payload_fields_come_in_the_seed_order_then_ours():
     )
 
 
-def test_payload_per_row_fields_are_required():
-    seed_fields = dict(
-        ts=jnp.zeros((1, 2)),
-        y_observed=jnp.zeros((1, 2, 1)),
-        yvar=jnp.ones((1, 2, 1)),
-        mask=jnp.ones((1, 2, 1), bool),
+def seed_fields(mask):
+    """A payload's seven seed fields, as a user writes them by hand (`mask` is `[N, T, 1]`)."""
+    N, T, _ = mask.shape
+    return dict(
+        ts=jnp.tile(jnp.linspace(0.0, 1.0, T), (N, 1)),
+        y_observed=jnp.zeros((N, T, 1)),
+        yvar=jnp.ones((N, T, 1)),
+        mask=jnp.asarray(mask),
         covariates={},
-        y0=jnp.zeros((1, 1)),
-        n_obs=jnp.asarray(2, jnp.int32),
+        y0=jnp.zeros((N, 1)),
+        n_obs=jnp.asarray(mask.sum(), jnp.int32),
     )
-    with pytest.raises(TypeError, match="row_weights"):
-        hk.BucketPayload(**seed_fields)
-    bp = hk.BucketPayload(
-        **seed_fields, row_weights=jnp.ones((1,)), row_lengths=jnp.full((1,), 2, jnp.int32)
-    )
+
+
+def test_a_payload_with_only_the_seed_fields_gets_unit_row_weights():
+    bp = hk.BucketPayload(**seed_fields(np.ones((2, 3, 1), bool)))
+    np.testing.assert_array_equal(bp.row_weights, [1.0, 1.0])
+    assert bp.row_weights.dtype == bp.ts.dtype
     assert bp.inputs is None and bp.jump_ts is None
+
+
+def test_a_payload_with_only_the_seed_fields_reads_row_lengths_from_the_mask():
+    mask = np.zeros((3, 5, 1), bool)
+    mask[0, :, 0] = True  # observed to the end: the full length
+    mask[1, [0, 2], 0] = True  # time-padded after its third row
+    bp = hk.BucketPayload(**seed_fields(mask))  # row 2 observes nothing: the full length
+    np.testing.assert_array_equal(bp.row_lengths, [5, 3, 5])
+    assert bp.row_lengths.dtype == jnp.int32
+
+
+def test_given_row_weights_and_lengths_are_kept():
+    bp = hk.BucketPayload(
+        **seed_fields(np.ones((2, 3, 1), bool)),
+        row_weights=jnp.asarray([1.0, 0.0]),
+        row_lengths=jnp.asarray([3, 2], jnp.int32),
+    )
+    np.testing.assert_array_equal(bp.row_weights, [1.0, 0.0])
+    np.testing.assert_array_equal(bp.row_lengths, [3, 2])
+
+
+def test_a_bucket_kernel_on_a_seed_payload_matches_the_full_payload(decay):
+    # Two lengths in one padded bucket: the shorter row is time-padded, so the default
+    # row_lengths must come from the mask for the half-length loss to agree.
+    bp = decay.dataset([6, 4], bucket_policy="padded", max_shapes=1).bucket_payloads[0]
+    assert bp.ts.shape == (2, 6) and list(bp.row_lengths) == [6, 4]
+    by_hand = hk.BucketPayload(*bp[:7])
+    step = hk.build_bucket_step(
+        decay.simulate_fn, decay.state_to_output, decay.solver, hk.masked_mse, True
+    )
+    start = (type(decay.predictors[0])(jnp.asarray(0.5)),)
+    loss, grads = step(start, bp, 0.5)
+    loss_by_hand, grads_by_hand = step(start, by_hand, 0.5)
+    assert float(loss_by_hand) == float(loss)
+    assert float(grads_by_hand[0].k) == float(grads[0].k)
 
 
 def test_payload_shapes_and_dtypes(two_channel):

@@ -13,6 +13,8 @@ from hybrid_kernels.__about__ import __version__
 from hybrid_kernels._bounded import (
     BoundedPredictor,
     BoundScaler,
+    available_bound_transforms,
+    available_warps,
     soft_clip,
     soft_logit,
     straight_through_clip,
@@ -35,7 +37,14 @@ from hybrid_kernels._kernels import (
     build_score_bucket,
     predict_bucket_obs,
 )
-from hybrid_kernels._losses import bal_mle, bal_mse, masked_mle, masked_mse, resolve_loss_fn
+from hybrid_kernels._losses import (
+    available_losses,
+    bal_mle,
+    bal_mse,
+    masked_mle,
+    masked_mse,
+    resolve_loss_fn,
+)
 from hybrid_kernels._penalties import (
     PenaltyPointSource,
     bound_penalty,
@@ -56,7 +65,13 @@ from hybrid_kernels._prediction import (
 from hybrid_kernels._reductions import bucket_weights, combine_bucket_grads
 from hybrid_kernels._serialise import load_predictors, read_predictors_metadata, save_predictors
 from hybrid_kernels._sharding import make_row_mesh
-from hybrid_kernels._solver import SolverConfig, register_adjoint, register_solver
+from hybrid_kernels._solver import (
+    SolverConfig,
+    available_adjoints,
+    available_solvers,
+    register_adjoint,
+    register_solver,
+)
 from hybrid_kernels._splits import make_bootstrap_dataset, split_dataset, split_dataset_by_ids
 from hybrid_kernels._tables import experiments_from_table, metrics_table, predictions_table
 from hybrid_kernels._trainable import (
@@ -69,6 +84,7 @@ from hybrid_kernels._trainable import (
 )
 from hybrid_kernels._training import (
     BetweenStepsHook,
+    EnsembleMembers,
     LogUI,
     LossHistory,
     NonFiniteTrainingError,
@@ -86,6 +102,7 @@ from hybrid_kernels._training import (
     load_training_state,
     plot_fit,
     plot_history,
+    read_training_state_metadata,
     reinitialise,
     save_run,
     save_training_state,
@@ -109,6 +126,7 @@ __all__ = [
     "ChannelMetrics",
     "ChannelObs",
     "Dataset",
+    "EnsembleMembers",
     "Experiment",
     "InputSignal",
     "InputTable",
@@ -128,6 +146,11 @@ __all__ = [
     "annealing_schedule",
     "apply_length_mask",
     "attach_penalty_state",
+    "available_adjoints",
+    "available_bound_transforms",
+    "available_losses",
+    "available_solvers",
+    "available_warps",
     "bal_mle",
     "bal_mse",
     "bound_penalty",
@@ -174,6 +197,7 @@ __all__ = [
     "predict_dense",
     "predictions_table",
     "read_predictors_metadata",
+    "read_training_state_metadata",
     "register_adjoint",
     "register_solver",
     "reinitialise",

@@ -69,6 +69,16 @@ _WARPS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
 _HOST_WARPS: dict[str, Callable[[float], float]] = {"linear": float, "log": math.log}
 
 
+def available_bound_transforms() -> tuple[str, ...]:
+    """The `transform` names [`hybrid_kernels.BoundScaler`][] accepts, sorted (read-only)."""
+    return tuple(sorted(_SQUASHES))
+
+
+def available_warps() -> tuple[str, ...]:
+    """The `warp` names [`hybrid_kernels.BoundScaler`][] accepts, sorted (read-only)."""
+    return tuple(sorted(_WARPS))
+
+
 def _continued_inverse(squash: _Squash, s: Array, edge: float) -> Array:
     # Exact inside [edge, 1 - edge], first-order continuation outside: finite and
     # differentiable for every s, with a slope that never vanishes.

@@ -32,7 +32,21 @@ from hybrid_kernels._experiments import Experiment
 from hybrid_kernels._preflight import check_int
 
 
-class BucketPayload(NamedTuple):
+class _PayloadFields(NamedTuple):
+    ts: Float[Array, "N T"]
+    y_observed: Float[Array, "N T D"]
+    yvar: Float[Array, "N T D"]
+    mask: Bool[Array, "N T D"]
+    covariates: dict[str, Array]
+    y0: Float[Array, "N S"]
+    n_obs: Int[Array, ""]
+    row_weights: Float[Array, " N"] = None  # type: ignore[assignment]  # filled by __new__
+    row_lengths: Int[Array, " N"] = None  # type: ignore[assignment]  # filled by __new__
+    inputs: dict[str, tuple[Array, Array]] | None = None
+    jump_ts: Float[Array, "N J"] | None = None
+
+
+class BucketPayload(_PayloadFields):
     """One bucket: `N` experiments stacked on a shared union length `T`.
 
     Fields, in this order (the first seven are the seed's; the rest are ours):
@@ -45,31 +59,70 @@ class BucketPayload(NamedTuple):
     - `covariates`: name → `[N]` or `[N, K]`, keys sorted.
     - `y0` `[N, S]`: full initial states.
     - `n_obs` `[]` int32: `mask.sum()`.
-    - `row_weights` `[N]`: 1 for real rows, 0 for padding rows.
+    - `row_weights` `[N]`: 1 for real rows, 0 for padding rows. Optional: omitted (or
+        `None`), every row is real, `ones(N)` in the dtype of `ts`.
     - `row_lengths` `[N]` int32: each row's own union length (before time padding). The
         length mask takes its prefix per row, so padding never changes which cells are scored.
+        Optional: omitted (or `None`), it is read from `mask`: one past the last time row
+        with any observed channel, or `T` for a row with none (so an unpadded row gets `T`).
     - `inputs`: name → `(ts [N, L], ys [N, L, ...])`, the knots of each row's input signal,
         padded to a bucket-wide `L` (see [`hybrid_kernels.InputTable`][]); `None` without inputs.
     - `jump_ts` `[N, J]`: each row's input switch times, padded with `+inf`; `None` without
         inputs.
 
-    `row_weights` and `row_lengths` are always present: every constructor
-    ([`hybrid_kernels.make_dataset`][] and the dataset splits) fills them, so no consumer
-    needs a fallback. A payload written by hand gives `row_weights=jnp.ones(N)` and
-    `row_lengths=jnp.full(N, T)` for unpadded rows.
+    Every constructor ([`hybrid_kernels.make_dataset`][] and the dataset splits) fills
+    `row_weights` and `row_lengths`; a payload written by hand with only the seed's seven
+    fields gets the defaults above when it is built, so every consumer sees arrays.
     """
 
-    ts: Float[Array, "N T"]
-    y_observed: Float[Array, "N T D"]
-    yvar: Float[Array, "N T D"]
-    mask: Bool[Array, "N T D"]
-    covariates: dict[str, Array]
-    y0: Float[Array, "N S"]
-    n_obs: Int[Array, ""]
-    row_weights: Float[Array, " N"]
-    row_lengths: Int[Array, " N"]
-    inputs: dict[str, tuple[Array, Array]] | None = None
-    jump_ts: Float[Array, "N J"] | None = None
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        ts: Any,
+        y_observed: Any,
+        yvar: Any,
+        mask: Any,
+        covariates: Any,
+        y0: Any,
+        n_obs: Any,
+        row_weights: Any = None,
+        row_lengths: Any = None,
+        inputs: Any = None,
+        jump_ts: Any = None,
+    ) -> BucketPayload:
+        # Only real arrays get defaults: jax and equinox rebuild payloads with placeholders
+        # (None after a partition, sentinels for vmap axes) that must stay as they are.
+        if row_weights is None and _is_array(ts):
+            row_weights = jnp.ones(jnp.shape(ts)[:1], jnp.result_type(ts))
+        if row_lengths is None and _is_array(mask):
+            row_lengths = _lengths_from_mask(mask)
+        return super().__new__(
+            cls,
+            ts,
+            y_observed,
+            yvar,
+            mask,
+            covariates,
+            y0,
+            n_obs,
+            row_weights,
+            row_lengths,
+            inputs,
+            jump_ts,
+        )
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, jax.Array | np.ndarray)
+
+
+def _lengths_from_mask(mask: Any) -> Int[Array, " N"]:
+    """One past each row's last time row with an observed channel; `T` for a row with none."""
+    observed = jnp.asarray(mask).any(axis=-1)  # [N, T]
+    T = observed.shape[1]
+    last = T - jnp.argmax(observed[:, ::-1], axis=1)
+    return jnp.where(observed.any(axis=1), last, T).astype(jnp.int32)
 
 
 class Dataset(eqx.Module):

@@ -22,6 +22,7 @@ from jaxtyping import Array
 
 from hybrid_kernels import _flat_jit as fj
 from hybrid_kernels import _preflight as pf
+from hybrid_kernels import _sensitivity as sensitivity
 from hybrid_kernels._data import BucketPayload
 from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._errors import RowSolveError, solver_reason
@@ -128,6 +129,13 @@ class _BucketKernel:
         self._diagnose = diagnose
         self._seen: set = set()
         self.last_solver_steps: Array | None = None
+
+    @property
+    def sensitivity_notice(self) -> str | None:
+        """Why `sensitivity="auto"` differentiates this kernel in reverse mode although it
+        chose forward (`simulate_fn` cannot be differentiated forwards); `None` otherwise.
+        Known once the kernel has been traced."""
+        return sensitivity.fallback_reason(self._objective)
 
     def _arguments(self, predictors, bp, length_mask_fraction, trajectory_penalty_weight):
         """Check and coerce one call's arguments: `(static, dynamic, fraction, weight)`."""

@@ -206,18 +206,20 @@ class _Objective(eqx.Module):
 def _bucket_step(objective, trainable, predictors, bp, fraction, tp_weight):
     with no_host_callbacks(not objective.solver.throw):
         diff, static = eqx.partition(predictors, trainable)
-        # Forward or reverse: decided here, at trace time, from static shapes (_sensitivity).
-        mode = sensitivity.resolve(objective.solver, sensitivity.trainable_scalars(diff))
-        solver = sensitivity.resolved_solver(objective.solver, mode)
-        objective = dataclasses.replace(objective, solver=solver)
 
-        def f(d):
-            return objective(eqx.combine(d, static), bp, fraction, tp_weight, differentiable=True)
+        def f_for(solver):
+            obj = dataclasses.replace(objective, solver=solver)
 
-        if mode == "forward":
-            (loss, (failed, steps)), grads = sensitivity.forward_value_and_grad(f, diff)
-        else:
-            (loss, (failed, steps)), grads = eqx.filter_value_and_grad(f, has_aux=True)(diff)
+            def f(d):
+                return obj(eqx.combine(d, static), bp, fraction, tp_weight, differentiable=True)
+
+            return f
+
+        # Forward or reverse: decided here, at trace time, from static shapes and from whether
+        # forward mode can trace `simulate_fn` at all (_sensitivity).
+        (loss, (failed, steps)), grads = sensitivity.value_and_grad(
+            f_for, objective.solver, diff, key=objective
+        )
         if not objective.solver.throw:
             # Every row failed: even the donor row is unhealthy, so drop the whole gradient.
             grads = jax.tree.map(lambda g: jnp.where(failed.all(), jnp.zeros_like(g), g), grads)
@@ -311,6 +313,8 @@ def build_bucket_step(
     an `[N, 2]` int32 device array: each row's accepted and rejected steps, read from
     diffrax's `stats` of the solve the loss already made (-1 where `simulate_fn` did not
     solve through `solver.diffeqsolve`). Reading it is the caller's choice of host sync.
+    Once traced, `bucket_step.sensitivity_notice` is the text of `"auto"`'s reverse-mode
+    fallback (forward mode could not differentiate `simulate_fn`), or `None`.
     """
     spec = (simulate_fn, state_to_output, solver, loss_fn, trajectory_penalty_fn)
     weight = trajectory_penalty_weight

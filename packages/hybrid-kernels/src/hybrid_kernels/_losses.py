@@ -129,6 +129,12 @@ Each is `(pred_obs [N, T, D], bp) -> []`.
 """
 
 
+def available_losses() -> tuple[str, ...]:
+    """The loss names [`hybrid_kernels.resolve_loss_fn`][] and `OptaxTrainingConfig(loss=...)`
+    accept, sorted: a read-only snapshot of the built-in losses."""
+    return tuple(sorted(LOSS_REGISTRY))
+
+
 def _accepts_channel_kwargs(fn: Callable) -> bool:
     try:
         params = inspect.signature(fn).parameters.values()

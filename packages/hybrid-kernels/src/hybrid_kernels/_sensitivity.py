@@ -10,11 +10,21 @@ forward wins for a mechanistic model with a handful of rates and loses for a neu
 `SolverConfig(sensitivity="auto")` (the default) chooses when a kernel is traced: the number of
 trainable scalars is a static property of the predictors' shapes and the trainable mask, so the
 choice is part of the compiled program and never changes between calls of one shape.
+
+Forward mode cannot differentiate every `simulate_fn`: one that calls `diffrax.diffeqsolve`
+itself, without `adjoint=solver.adjoint`, solves through diffrax's default
+`RecursiveCheckpointAdjoint`, a `custom_vjp`, and JAX refuses to push tangents through it.
+`"auto"` finds out by tracing forward mode, the trace it would make anyway: if that trace fails
+and reverse mode's succeeds, the kernel uses reverse mode, and so does every later shape of the
+same objective (`fallback_reason`), with one `logging` record. So the common case (forward mode
+works) costs nothing extra, and a fallback costs one aborted trace per objective, never a
+step. An explicit `sensitivity="forward"` that cannot run raises a `ValueError` instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Callable
 from typing import Any, Literal
@@ -32,6 +42,12 @@ FORWARD_MAX_SCALARS = 16
 Measured crossover (see `docs/benchmarks/kernels.md`): on a 2-core CPU forward mode's steady
 step was 0.89x reverse mode's at 14 scalars, 0.97x at 20 and 1.17x at 32 (parity near 22), and
 forward mode compiled faster at every size; 16 keeps a margin for measurement noise."""
+
+_log = logging.getLogger(__name__)
+
+_FALLBACKS: dict[Any, str] = {}
+"""Objectives whose forward trace failed under `"auto"`, with the reason (bounded, see below)."""
+_MAX_FALLBACKS = 1024
 
 TANGENT_CHUNK = 64
 """Forward mode pushes at most this many tangents through one solve at a time; more trainable
@@ -67,6 +83,79 @@ def resolved_solver(solver: Any, mode: Literal["forward", "reverse"]) -> Any:
     if mode == "forward":
         return dataclasses.replace(solver, sensitivity="forward", adjoint=diffrax.ForwardMode())
     return dataclasses.replace(solver, sensitivity="reverse")
+
+
+def value_and_grad(
+    fn_for: Callable[[Any], Callable[[Any], tuple[jax.Array, Any]]],
+    solver: Any,
+    diff: Any,
+    *,
+    key: Any,
+) -> tuple[tuple[jax.Array, Any], Any]:
+    """`((value, aux), grads)` of `fn_for(s)(diff) -> (scalar, aux)`, in the mode `solver` asks.
+
+    Called at trace time. `fn_for(s)` is the objective with `s` as the solver `simulate_fn`
+    sees (`resolved_solver`). `key` names the objective (hashable, or not cached): under
+    `"auto"`, once its forward trace has failed, every later trace goes straight to reverse.
+    """
+    mode = resolve(solver, trainable_scalars(diff))
+    if mode == "forward" and solver.sensitivity == "auto" and fallback_reason(key) is not None:
+        mode = "reverse"
+    reverse = eqx.filter_value_and_grad(fn_for(resolved_solver(solver, "reverse")), has_aux=True)
+    if mode == "reverse":
+        return reverse(diff)
+    try:
+        return forward_value_and_grad(fn_for(resolved_solver(solver, "forward")), diff)
+    except Exception as error:  # any failure: only reverse mode's trace says whose fault it is
+        forward_error = error
+    try:
+        out = reverse(diff)
+    except Exception:
+        raise forward_error from None  # the model fails either way: its own error, unchanged
+    if solver.sensitivity == "forward":
+        raise ValueError(
+            "SolverConfig(sensitivity='forward') cannot differentiate this simulate_fn: forward "
+            f"mode failed with {type(forward_error).__name__}: {_first_line(forward_error)}. "
+            "A simulate_fn that calls diffrax.diffeqsolve directly uses diffrax's default "
+            "RecursiveCheckpointAdjoint, a custom_vjp that forward mode cannot differentiate: "
+            "solve with `solver.diffeqsolve(term, ts, y0)`, or pass `adjoint=solver.adjoint` "
+            "to diffrax.diffeqsolve; or use sensitivity='auto' or 'reverse'."
+        ) from forward_error
+    _record_fallback(key, forward_error)
+    return out
+
+
+def fallback_reason(key: Any) -> str | None:
+    """Why `"auto"` uses reverse mode for the objective `key` although it chose forward
+    (`None` if it did not fall back, or `key` cannot be hashed)."""
+    try:
+        return _FALLBACKS.get(key)
+    except TypeError:
+        return None
+
+
+def _record_fallback(key: Any, error: Exception) -> None:
+    reason = (
+        "sensitivity='auto' uses reverse mode: forward mode cannot differentiate simulate_fn "
+        f"({type(error).__name__}: {_first_line(error)}). To use forward mode, solve with "
+        "`solver.diffeqsolve` or pass `adjoint=solver.adjoint` to diffrax.diffeqsolve; "
+        "sensitivity='reverse' silences this notice."
+    )
+    try:
+        known = key in _FALLBACKS
+    except TypeError:  # an unhashable objective: said at each trace, which is still not per step
+        known = False
+    else:
+        if len(_FALLBACKS) >= _MAX_FALLBACKS:
+            _FALLBACKS.clear()
+        _FALLBACKS[key] = reason
+    if not known:
+        _log.info(reason)
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:300].rstrip(".") if text else ""
 
 
 def forward_value_and_grad(

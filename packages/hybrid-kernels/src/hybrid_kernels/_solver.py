@@ -61,6 +61,22 @@ def register_adjoint(name: str, cls: type) -> None:
     ADJOINT_REGISTRY[name] = cls
 
 
+def available_solvers() -> tuple[str, ...]:
+    """The solver names `SolverConfig.from_dict` accepts (and `to_dict` writes), sorted.
+
+    A read-only snapshot: built-ins plus those added with [`hybrid_kernels.register_solver`][].
+    """
+    return tuple(sorted(SOLVER_REGISTRY))
+
+
+def available_adjoints() -> tuple[str, ...]:
+    """The adjoint names `SolverConfig.from_dict` accepts (and `to_dict` writes), sorted.
+
+    A read-only snapshot: built-ins plus those added with [`hybrid_kernels.register_adjoint`][].
+    """
+    return tuple(sorted(ADJOINT_REGISTRY))
+
+
 def _name_of(obj: Any, registry: dict[str, type], what: str) -> str:
     for name, cls in registry.items():
         if type(obj) is cls:  # exact type: a subclass may carry different behaviour
@@ -112,8 +128,11 @@ class SolverConfig(eqx.Module):
         `diffrax.ForwardMode()` in place of `adjoint` and one tangent per trainable scalar
         (frozen leaves get none). `"auto"` (default): forward for at most 16 trainable
         scalars (a mechanistic model with a few rates), reverse above (a neural network),
-        decided when the kernel is traced; a `BacksolveAdjoint` keeps reverse mode. Both
-        modes give the same gradients to solver precision.
+        decided when the kernel is traced; a `BacksolveAdjoint` keeps reverse mode, and so
+        does a `simulate_fn` forward mode cannot differentiate (one calling
+        `diffrax.diffeqsolve` without `adjoint=solver.adjoint`), said once in a log record
+        and on the progress display. An explicit `"forward"` that cannot run raises
+        `ValueError`. Both modes give the same gradients to solver precision.
     """
 
     solver: Any = eqx.field(static=True)

@@ -27,7 +27,11 @@ How a run walks, one way, from `train_with_optax` (`trainer.py`) to its last ste
 """
 
 from hybrid_kernels._training.config import OptaxTrainingConfig
-from hybrid_kernels._training.ensembles import train_bootstrap_ensemble, train_seed_ensemble
+from hybrid_kernels._training.ensembles import (
+    EnsembleMembers,
+    train_bootstrap_ensemble,
+    train_seed_ensemble,
+)
 from hybrid_kernels._training.history import LossHistory, NonFiniteTrainingError
 from hybrid_kernels._training.hooks import BetweenStepsHook
 from hybrid_kernels._training.plotting import plot_fit, plot_history
@@ -37,6 +41,7 @@ from hybrid_kernels._training.schedules import annealing_schedule
 from hybrid_kernels._training.state import (
     TrainingState,
     load_training_state,
+    read_training_state_metadata,
     save_training_state,
 )
 from hybrid_kernels._training.trainer import train_with_optax
@@ -51,6 +56,7 @@ from hybrid_kernels._training.ui import (
 
 __all__ = [
     "BetweenStepsHook",
+    "EnsembleMembers",
     "LogUI",
     "LossHistory",
     "NonFiniteTrainingError",
@@ -68,6 +74,7 @@ __all__ = [
     "load_training_state",
     "plot_fit",
     "plot_history",
+    "read_training_state_metadata",
     "reinitialise",
     "save_run",
     "save_training_state",

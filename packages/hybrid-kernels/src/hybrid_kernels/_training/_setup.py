@@ -289,3 +289,6 @@ def compile_kernels(setup: Setup, carry: Carry, opt: Any, phase: int) -> None:
         seconds = time.perf_counter() - t0
         ui.on_compile_progress(index=index, n_kernels=len(items), label=label, seconds=seconds)
     ui.on_compile_done(seconds=time.perf_counter() - start)
+    notice = engine.bucket_step.sensitivity_notice  # said once per run, never per step
+    if notice is not None:
+        ui.on_message(text=notice)

@@ -3,7 +3,8 @@
 `train_seed_ensemble` ranks fresh starts with the tournament and fully trains the best
 `k_best`; `train_bootstrap_ensemble` trains one member per bootstrap resample of the
 experiments. Both reuse one set of compiled kernels for every member (up to new bucket shapes
-a resample may bring) and return `[(final_loss, predictors)]`, best first.
+a resample may bring) and return `[(final_loss, predictors)]`, best first; the seed ensemble's
+list (an `EnsembleMembers`) also says which seeds failed.
 """
 
 from __future__ import annotations
@@ -31,6 +32,22 @@ from hybrid_kernels._training.config import OptaxTrainingConfig
 from hybrid_kernels._training.reinit import fold_key
 from hybrid_kernels._training.tournament import run_tournament
 from hybrid_kernels._training.ui import TrainingUI
+
+
+class EnsembleMembers(list):
+    """The members of a seed ensemble, `[(final_loss, predictors)]` best first, plus what is
+    missing: a list, so code that indexes or iterates it is unchanged.
+
+    - `failed_seeds`: the seeds (tournament attempts `0 .. n_seeds - 1`) whose start failed
+        (a solver error or a non-finite score) and were dropped, ascending; `()` if none.
+    - `k_best`: how many members were asked for. `len(members) < k_best` exactly when failed
+        seeds left too few starts; [`hybrid_kernels.train_seed_ensemble`][] then also warns.
+    """
+
+    def __init__(self, members: Any = (), *, failed_seeds: Any = (), k_best: int = 0) -> None:
+        super().__init__(members)
+        self.failed_seeds: tuple[int, ...] = tuple(int(s) for s in failed_seeds)
+        self.k_best = int(k_best)
 
 
 def _member_config(config: OptaxTrainingConfig, name: str) -> OptaxTrainingConfig:
@@ -85,7 +102,7 @@ def train_seed_ensemble(
     key: Any,
     ui: TrainingUI | None = None,
     val_dataset: Any = None,
-) -> list[tuple[float, Any]]:
+) -> EnsembleMembers:
     """Rank `n_seeds` fresh starts with the tournament, then fully train the best `k_best`.
 
     Each start is a re-initialisation of the trainable leaves, trained for
@@ -97,9 +114,13 @@ def train_seed_ensemble(
     - `n_seeds`: the number of starts to rank, at least 1.
     - `k_best`: how many to train fully, in `[1, n_seeds]`; `None` trains all.
 
-    **Returns:** `[(final_loss, predictors)]` sorted by `final_loss` ascending; `final_loss`
-    labels the returned parameters (the best-step loss with `restore_best`). Members with a
-    non-finite final loss come last and are reported (a `RuntimeWarning` and a UI message).
+    **Returns:** an [`EnsembleMembers`][hybrid_kernels.EnsembleMembers] list of
+    `[(final_loss, predictors)]` sorted by `final_loss` ascending; `final_loss` labels the
+    returned parameters (the best-step loss with `restore_best`). Members with a non-finite
+    final loss come last and are reported (a `RuntimeWarning` and a UI message). A seed whose
+    start fails in the tournament is dropped; when that leaves fewer than `k_best` members,
+    the failed seeds are named in a `RuntimeWarning` and a UI message, and recorded in the
+    result's `failed_seeds` (with `k_best` beside it).
     """
     where = "train_seed_ensemble"
     n_seeds = check_int(n_seeds, f"{where}: `n_seeds`")
@@ -117,9 +138,23 @@ def train_seed_ensemble(
     setup, start = member_setup(predictors, dataset, config, key=key, ui=ui)
     ui = setup.ui
     ui.on_message(text=f"{where}: ranking {n_seeds} starts, training the best {k_best}")
+    failed: list[int] = []
     ranked = run_tournament(
-        setup, start, n_attempts=n_seeds, top_k=k_best, key=fold_key(key, "seed_ensemble")
+        setup,
+        start,
+        n_attempts=n_seeds,
+        top_k=k_best,
+        key=fold_key(key, "seed_ensemble"),
+        failed=failed,
     )
+    if len(ranked) < k_best:
+        text = (
+            f"{where}: only {len(ranked)} of k_best={k_best} members can be trained: the starts "
+            f"of seed(s) {failed} of n_seeds={n_seeds} failed in the tournament (a solver "
+            "error or a non-finite score); the result's `failed_seeds` lists them"
+        )
+        ui.on_message(text=text)
+        warnings.warn(text, RuntimeWarning, stacklevel=2)
     members, names = [], []
     for i, (_, start) in enumerate(ranked):
         member, start = member_setup(
@@ -132,7 +167,8 @@ def train_seed_ensemble(
         result = train(member, start, tournament=False)
         members.append((float(result.final_loss), result.predictors))
         names.append(f"seed member {i}")
-    return _rank(members, names, where, ui)
+    ranked_members = _rank(members, names, where, ui)
+    return EnsembleMembers(ranked_members, failed_seeds=failed, k_best=k_best)
 
 
 def train_bootstrap_ensemble(

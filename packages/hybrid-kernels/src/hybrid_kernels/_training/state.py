@@ -329,6 +329,13 @@ def load_training_state(
         name: _fill(name, templates[name], members, described.get(name), os.fspath(path))
         for name in _TREES
     }
+    fields = _decoded_fields(path, meta)
+    return TrainingState(**trees, key=_key(meta, members, os.fspath(path)), **fields)
+
+
+def _decoded_fields(path: str | os.PathLike[str], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The stored fields of `TrainingState` (all but the arrays and the key), decoded; a
+    field saved by an older version that lacks it is left out, to take its default."""
     fields: dict[str, Any] = {}
     for field in _stored_fields():
         if field.name in meta:
@@ -338,4 +345,20 @@ def load_training_state(
                 raise _damaged(path, f"its {field.name} is malformed") from None
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             raise _damaged(path, f"its metadata lacks {field.name}")
-    return TrainingState(**trees, key=_key(meta, members, os.fspath(path)), **fields)
+    return fields
+
+
+def read_training_state_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The counters and histories of the state saved at `path`, without templates.
+
+    The counterpart of [`hybrid_kernels.read_predictors_metadata`][] for
+    [`hybrid_kernels.save_training_state`][] files (and checkpoints `train_with_optax` writes):
+    what [`hybrid_kernels.load_training_state`][] would put in every `TrainingState` field
+    except the array trees (`predictors`, `opt_state`, `best_predictors`) and the `key`, e.g.
+    `step`, `phase`, `phase_step`, `best_loss`, `best_step`, `history` and `fingerprint`,
+    with the same types. No array data is read, but the whole file's checksum is verified.
+
+    **Raises:** `ValueError` naming `path` when the file is not a saved `TrainingState`, was
+    written by another format version, or is truncated or altered.
+    """
+    return _decoded_fields(path, read_training_meta(path))

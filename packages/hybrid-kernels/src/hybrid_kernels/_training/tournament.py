@@ -32,7 +32,13 @@ TOURNAMENT_FAILURES: tuple[type[BaseException], ...] = (
 
 
 def run_tournament(
-    setup: Setup, predictors: Any, *, n_attempts: int, key: Any, top_k: int = 1
+    setup: Setup,
+    predictors: Any,
+    *,
+    n_attempts: int,
+    key: Any,
+    top_k: int = 1,
+    failed: list[int] | None = None,
 ) -> list[tuple[float, Any]]:
     """Train `n_attempts` re-initialised candidates briefly on `setup`'s data; return the best.
 
@@ -41,7 +47,8 @@ def run_tournament(
     forward-only.
 
     **Returns:** up to `top_k` `(score, candidate)` pairs, best first (ties keep the earlier
-    attempt). When every attempt fails: `[(inf, predictors)]` and a `RuntimeWarning`.
+    attempt). When every attempt fails: `[(inf, predictors)]` and a `RuntimeWarning`. The
+    indices of the failed attempts are appended to `failed`, when given.
     """
     engine, c, ui = setup.engine, setup.config, setup.ui
     lr = c.tournament_lr
@@ -69,6 +76,8 @@ def run_tournament(
                 raise FloatingPointError(f"non-finite tournament score {score}")
         except TOURNAMENT_FAILURES as exc:
             last_error = exc
+            if failed is not None:
+                failed.append(attempt)
             ui.on_message(text=f"tournament attempt {attempt}: failed ({exc!r:.200})")
             continue
         scored.append((score, attempt, candidate))
