@@ -3,8 +3,10 @@
 A step is `bucket_step` on every bucket (one dispatch each, no host sync), then `penalty_step`
 once, then one jitted *tail* that combines the bucket gradients with `combine_bucket_grads`,
 adds the penalty gradient, calls `apply_update`, skips the update when anything is
-non-finite, and applies the best-step rule. Nothing is read back to the host here: the step
-returns a small device report that the loop reads when it has to.
+non-finite, and applies the best-step rule. With one bucket and no penalty, `bucket_step`'s
+body and the tail are traced into one program instead (`_whole_step`): one dispatch and one
+compile, as a hand-written loop has. Nothing is read back to the host here: the step returns a
+small device report that the loop reads when it has to.
 """
 
 from __future__ import annotations
