@@ -34,7 +34,8 @@ def test_compile_events_come_before_the_first_step(recorded):
     names = [n for n, _ in ui.events]
     assert names.count("on_compile_start") == names.count("on_compile_done") == 1
     labels = [e["label"] for e in ui.of("on_compile_progress")]
-    assert "bucket_step N=3 T=10" in labels and labels[-1] == "update"
+    # one bucket, no penalty: the bucket's solve is compiled inside the one step program
+    assert labels == ["bucket_step N=3 T=10 + update"]
     assert names.index("on_compile_done") < names.index("on_step_end")
 
 
@@ -63,7 +64,7 @@ def test_verbose_off_a_terminal_prints_plain_log_lines(oscillator, clean, capsys
     lines = [line for line in out.splitlines() if line.startswith("phase 0 step")]
     assert [line.split()[3] for line in lines] == ["10/12", "12/12"]  # every 10 and phase end
     assert "steps/s" in lines[0] and "ETA" in lines[0] and "loss=" in lines[0]
-    assert "compiled 1/2 bucket_step N=3 T=10" in out
+    assert "compiled 1/1 bucket_step N=3 T=10 + update" in out
 
 
 def test_log_ui_writes_every_k_steps_to_its_stream(oscillator, clean):

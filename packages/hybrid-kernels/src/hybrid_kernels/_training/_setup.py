@@ -218,8 +218,16 @@ def phase_inputs(setup: Setup, p: int) -> StepInputs:
     if weight > 0 and setup.sources is not None:
         points = select_penalty_points(setup.sources, setup.extras, fraction)
     dtype = default_float()
+    # One bucket and no penalty in any phase: the step is one program, as a hand-written
+    # loop's is. (With a tournament the separate bucket kernel is compiled anyway, and the
+    # fused one would be a second compile of the same solve.)
+    fused = (
+        len(setup.payloads) == 1
+        and not any(c.penalty_weight_for_phase(q) > 0 for q in range(c.n_phases))
+        and not c.tournament_enabled()
+    )
     return StepInputs(
-        jnp.asarray(fraction, dtype), _weights(setup.dataset, c, fraction), weight, points
+        jnp.asarray(fraction, dtype), _weights(setup.dataset, c, fraction), weight, points, fused
     )
 
 
@@ -252,7 +260,7 @@ def compile_kernels(setup: Setup, carry: Carry, opt: Any, phase: int) -> None:
     predictors = carry.predictors
     inputs = phase_inputs(setup, min(phase, c.n_phases - 1))
     items: list[tuple[str, Callable[[], Any]]] = []
-    for bp in setup.payloads:
+    for bp in () if inputs.fused else setup.payloads:
         N, T = bp.ts.shape
         items.append(
             (
@@ -280,7 +288,11 @@ def compile_kernels(setup: Setup, carry: Carry, opt: Any, phase: int) -> None:
             engine, opt, carry, setup.payloads, inputs, best_on_loss=setup.best_on_loss
         )
 
-    items.append(("update", update))
+    if inputs.fused:  # the bucket's solve is compiled inside the step
+        N, T = setup.payloads[0].ts.shape
+        items.append((f"bucket_step N={N} T={T} + update", update))
+    else:
+        items.append(("update", update))
     ui.on_compile_start(n_kernels=len(items))
     start = time.perf_counter()
     for index, (label, call) in enumerate(items):

@@ -3,8 +3,10 @@
 A step is `bucket_step` on every bucket (one dispatch each, no host sync), then `penalty_step`
 once, then one jitted *tail* that combines the bucket gradients with `combine_bucket_grads`,
 adds the penalty gradient, calls `apply_update`, skips the update when anything is
-non-finite, and applies the best-step rule. Nothing is read back to the host here: the step
-returns a small device report that the loop reads when it has to.
+non-finite, and applies the best-step rule. With one bucket and no penalty, `bucket_step`'s
+body and the tail are traced into one program instead (`_whole_step`): one dispatch and one
+compile, as a hand-written loop has. Nothing is read back to the host here: the step returns a
+small device report that the loop reads when it has to.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from hybrid_kernels import _flat_jit as fj
+from hybrid_kernels._dispatch import _explain_backsolve
 from hybrid_kernels._dtypes import default_float
+from hybrid_kernels._errors import RowSolveError
 from hybrid_kernels._reductions import combine_bucket_grads
 
 
@@ -106,47 +111,128 @@ def any_solved(failed: tuple[jax.Array, ...], row_weights: tuple[jax.Array, ...]
     return jnp.any(jnp.stack(ok))
 
 
+def step_tail(
+    apply_update,
+    carry,
+    losses,
+    grads,
+    failed,
+    row_weights,
+    steps,
+    weights,
+    penalty,
+    pen_grads,
+    best,
+):
+    """The end of a step, traced: combine, update, skip a non-finite step, best-step rule."""
+    loss, combined = combine_bucket_grads(losses, grads, weights)
+    # Under throw=False a step whose every experiment failed has loss and gradient 0: it
+    # measured nothing, so it is a non-finite step (skipped, never the best), not a perfect one.
+    loss = jnp.where(any_solved(failed, row_weights), loss, jnp.nan)
+    if pen_grads is not None:
+        combined = jax.tree_util.tree_map(jnp.add, combined, pen_grads)
+    else:
+        penalty = jnp.zeros((), loss.dtype)
+    finite = jnp.isfinite(loss) & jnp.isfinite(penalty) & _all_finite(combined)
+    updated, new_state = apply_update(carry.predictors, combined, carry.opt_state)
+    if best:
+        # The best snapshot is the pre-update parameters: `loss` was measured there.
+        carry = improve(carry, carry.predictors, loss, finite)
+    # A non-finite step is not applied: parameters and optimiser state stay as they were.
+    carry = dataclasses.replace(
+        carry,
+        predictors=_select(finite, updated, carry.predictors),
+        opt_state=_select(finite, new_state, carry.opt_state),
+        step=carry.step + 1,
+    )
+    # Everything the host may need about this step, in one array: one transfer per read.
+    dtype = jnp.result_type(loss, penalty)
+    stats = jnp.stack([loss, penalty, finite, carry.since_best], dtype=dtype)
+    report = ((stats, jnp.concatenate(failed)), _solver_effort(steps, row_weights))
+    return carry, report
+
+
 def make_tail(apply_update: Callable[..., tuple[Any, Any]]) -> Callable[..., Any]:
-    """The jitted end of a step for one optimiser's `apply_update`."""
+    """The jitted end of a step for one optimiser's `apply_update` (see `step_tail`)."""
 
     @eqx.filter_jit
     def tail(carry, losses, grads, failed, row_weights, steps, weights, penalty, pen_grads, best):
-        loss, combined = combine_bucket_grads(losses, grads, weights)
-        # Under throw=False a step whose every experiment failed has loss and gradient 0: it
-        # measured nothing, so it is a non-finite step (skipped, never the best), not a perfect one.
-        loss = jnp.where(any_solved(failed, row_weights), loss, jnp.nan)
-        if pen_grads is not None:
-            combined = jax.tree_util.tree_map(jnp.add, combined, pen_grads)
-        else:
-            penalty = jnp.zeros((), loss.dtype)
-        finite = jnp.isfinite(loss) & jnp.isfinite(penalty) & _all_finite(combined)
-        updated, new_state = apply_update(carry.predictors, combined, carry.opt_state)
-        if best:
-            # The best snapshot is the pre-update parameters: `loss` was measured there.
-            carry = improve(carry, carry.predictors, loss, finite)
-        # A non-finite step is not applied: parameters and optimiser state stay as they were.
-        carry = dataclasses.replace(
+        return step_tail(
+            apply_update,
             carry,
-            predictors=_select(finite, updated, carry.predictors),
-            opt_state=_select(finite, new_state, carry.opt_state),
-            step=carry.step + 1,
+            losses,
+            grads,
+            failed,
+            row_weights,
+            steps,
+            weights,
+            penalty,
+            pen_grads,
+            best,
         )
-        # Everything the host may need about this step, in one array: one transfer per read.
-        dtype = jnp.result_type(loss, penalty)
-        stats = jnp.stack([loss, penalty, finite, carry.since_best], dtype=dtype)
-        report = ((stats, jnp.concatenate(failed)), _solver_effort(steps, row_weights))
-        return carry, report
 
     return tail
 
 
+def _whole_step(run, apply_update, best, carry, bp, fraction, tp_weight, weights):
+    """One bucket's `bucket_step` body and the tail, traced into one program."""
+    static, dynamic = fj.flatten(carry.predictors)
+    arrays, rest = run(static, dynamic, bp, fraction, tp_weight)
+    loss, grads, failed, steps = arrays if rest.value is None else eqx.combine(arrays, rest.value)
+    return step_tail(
+        apply_update,
+        carry,
+        (loss,),
+        (grads,),
+        (failed,),
+        (bp.row_weights,),
+        (steps,),
+        weights,
+        None,
+        None,
+        best,
+    )
+
+
+_WHOLE_STEPS: dict[tuple, Callable[..., Any]] = {}
+
+
+def _take_whole_step(engine, opt, carry, bp, inputs, best_on_loss):
+    """`take_step` for one bucket without a penalty: `bucket_step` and the tail in one call,
+    with the bucket kernel's own checks before it and its error naming after a failed solve."""
+    kernel = engine.bucket_step
+    args = kernel._arguments(carry.predictors, bp, inputs.fraction, None)
+    key = (kernel._run, opt.apply_update, best_on_loss)
+    run = _WHOLE_STEPS.get(key)
+    if run is None:
+        if len(_WHOLE_STEPS) >= 64:
+            _WHOLE_STEPS.clear()
+        run = _WHOLE_STEPS[key] = fj.entry(_whole_step, *key)
+    static, dynamic = fj.flatten(carry)
+    throw = kernel._objective.solver.throw
+    try:
+        return fj.call(run, static, dynamic, bp, *args[2:], inputs.weights, wait=throw)
+    except eqx.EquinoxRuntimeError as e:
+        if throw and not isinstance(e, RowSolveError):
+            kernel._name_failed_rows(e, args, bp)
+        raise
+    except Exception as e:
+        _explain_backsolve(e, kernel._objective.solver)
+        raise
+
+
 class StepInputs(NamedTuple):
-    """What a step takes besides the carry: fixed for a whole phase."""
+    """What a step takes besides the carry: fixed for a whole phase.
+
+    `fused`: the step is one compiled program (`bucket_step`'s body and the tail), for one
+    bucket without a penalty; otherwise one `bucket_step` dispatch per bucket, then the tail.
+    """
 
     fraction: jax.Array
     weights: jax.Array
     penalty_weight: float
     points: tuple[Any, ...]
+    fused: bool = False
 
 
 def take_step(
@@ -165,6 +251,8 @@ def take_step(
     every bucket's per-row failure flags, concatenated in bucket order, and `effort` is the
     solver effort `[B, 4]` (see `_solver_effort`).
     """
+    if inputs.fused:
+        return _take_whole_step(engine, opt, carry, payloads[0], inputs, best_on_loss)
     predictors = carry.predictors
     losses, grads, failed, steps = [], [], [], []
     for bp in payloads:

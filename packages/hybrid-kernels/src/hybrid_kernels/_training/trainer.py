@@ -36,8 +36,10 @@ def train_with_optax(
 
     Composed only of the public kernels: per step, `bucket_step` on every bucket,
     `penalty_step` once, and one jitted tail calling `combine_bucket_grads` and
-    `apply_update`. See [`OptaxTrainingConfig`][hybrid_kernels.OptaxTrainingConfig] for the
-    phases, the tournament, early stopping and the best-step snapshot.
+    `apply_update`. With one bucket and no penalty in any phase (and no tournament), the
+    bucket's `bucket_step` and the tail are traced into one program: one dispatch per step.
+    See [`OptaxTrainingConfig`][hybrid_kernels.OptaxTrainingConfig] for the phases, the
+    tournament, early stopping and the best-step snapshot.
 
     **Arguments:**
 
