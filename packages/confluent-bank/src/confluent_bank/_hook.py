@@ -11,7 +11,7 @@ attempt. The protocol is duck-typed: this module imports no trainer.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -42,8 +42,15 @@ class TransitionEvent:
       rejected).
     - `loss_before`, `loss_after`: the hook's `objective` at the predictors just before and
       just after the commit, or `None` without an objective.
+    - `score`: why the policy made this decision, or `None` for a user policy. The growing
+      policy (`TransitionHook.growing`) records, for a `"zero_output_birth"`, the normalised
+      gradient `|∂objective/∂w| / ‖φ‖` of the chosen candidate; for a merge, the collision's
+      distance `|s·(c₁ − c₂)|`; for a `"remove_near_zero"`, the atom's largest contribution
+      `|w|·|s|ⁿ·sup|σ⁽ⁿ⁾|`; for a `"stop_growing"` decision (no slots, nothing committed), the
+      relative improvement of the objective since the last birth.
 
-    `dataclasses.asdict(event)` is JSON-serialisable.
+    `dataclasses.asdict(event)` is JSON-serialisable, and `TransitionEvent(**that_dict)` gives
+    the event back.
     """
 
     step: int
@@ -54,6 +61,11 @@ class TransitionEvent:
     max_change: float
     loss_before: float | None = None
     loss_after: float | None = None
+    score: float | None = None
+
+    def __post_init__(self) -> None:
+        # A dict read back from JSON holds a list; the event keeps the tuple it was made with.
+        object.__setattr__(self, "slots", tuple(int(i) for i in self.slots))
 
 
 def _is_bank(node: Any) -> bool:
@@ -131,6 +143,46 @@ class TransitionHook:
         self.n_points = n_points
         self.events: list[TransitionEvent] = []
 
+    @classmethod
+    def growing(
+        cls,
+        objective: Callable[[Any], Any],
+        domain: tuple[float, float],
+        **options: Any,
+    ) -> TransitionHook:
+        """A hook with the library's own policy: births, merges and removals, no schedule.
+
+        See `confluent_bank._growing.GrowingHook` (documented in the guide, "A bank that
+        grows itself") for the policy, its options and their defaults. `objective` is a
+        differentiable `(predictors) -> scalar` to minimise, `domain` the bank's inputs.
+        """
+        from confluent_bank._growing import GrowingHook  # the policy imports this module
+
+        return GrowingHook(objective, domain, **options)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The hook's state as JSON-serialisable data: `{"events": [...]}` for a plain hook.
+
+        Save it beside the bank's checkpoint; `load_state_dict` on a hook built with the same
+        arguments resumes it.
+        """
+        return {"events": [dataclasses.asdict(event) for event in self.events]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what `state_dict` returned (the events; a policy's counters as well).
+
+        **Raises:** `ValueError` when `state` is not a mapping with an `"events"` list of
+        event dicts.
+        """
+        try:
+            events = [TransitionEvent(**event) for event in state["events"]]
+        except (KeyError, TypeError) as error:
+            raise ValueError(
+                f"TransitionHook.load_state_dict: state must be what state_dict() returned, "
+                f"a mapping with an 'events' list of event dicts ({error})"
+            ) from None
+        self.events = events
+
     def between_steps(self, step: int, predictors: Any, opt_state: Any) -> tuple[Any, Any]:
         """Visit every bank: propose, commit, record; retract. Returns `(predictors, state)`."""
         leaves, treedef = jax.tree_util.tree_flatten_with_path(predictors, is_leaf=_is_bank)
@@ -150,38 +202,63 @@ class TransitionHook:
                         f"bank at {path or '<root>'} after step {step}; expected a "
                         "TransitionProposal or None"
                     )
-                before = after = None
-                if self.objective is not None:
-                    before = float(self.objective(treedef.unflatten([x for _, x in leaves])))
-                new_bank, opt_state, accepted = commit_transition(
-                    bank,
-                    proposal,
-                    opt_state,
-                    between_steps=True,
-                    acceptance=self.acceptance,
-                    state_adapter=self._adapter(path, len(banks), opt_state),
+                opt_state, _ = self._commit_one(
+                    step, leaves, treedef, i, proposal, opt_state, len(banks)
                 )
-            leaves[i] = (leaves[i][0], new_bank)
-            if self.objective is not None:
-                after = before
-                if accepted:
-                    after = float(self.objective(treedef.unflatten([leaf for _, leaf in leaves])))
-            self.events.append(
-                TransitionEvent(
-                    step=int(step),
-                    path=path,
-                    kind=proposal.kind,
-                    slots=tuple(int(s) for s in proposal.slot_ids),
-                    accepted=bool(accepted),
-                    max_change=self._change(bank, new_bank) if accepted else 0.0,
-                    loss_before=before,
-                    loss_after=after,
-                )
-            )
         if self.retract:
             for i in banks:
                 leaves[i] = (leaves[i][0], leaves[i][1].retract())
         return treedef.unflatten([leaf for _, leaf in leaves]), opt_state
+
+    def _commit_one(
+        self,
+        step: int,
+        leaves: list[tuple[Any, Any]],
+        treedef: Any,
+        i: int,
+        proposal: TransitionProposal,
+        opt_state: Any,
+        n_banks: int,
+        *,
+        score: float | None = None,
+        before: float | None = None,
+        unchanged: bool = False,
+    ) -> tuple[Any, bool]:
+        """Commit `proposal` to the bank at `leaves[i]` (replaced in place) and record it.
+
+        `before` is the objective already known at these predictors; with `unchanged` (an
+        exact kind) it is recorded as `loss_after` too, without a second evaluation.
+        """
+        path, bank = jax.tree_util.keystr(leaves[i][0]), leaves[i][1]
+        with transaction(bank):
+            if before is None and self.objective is not None:
+                before = float(self.objective(treedef.unflatten([x for _, x in leaves])))
+            new_bank, opt_state, accepted = commit_transition(
+                bank,
+                proposal,
+                opt_state,
+                between_steps=True,
+                acceptance=self.acceptance,
+                state_adapter=self._adapter(path, n_banks, opt_state),
+            )
+        leaves[i] = (leaves[i][0], new_bank)
+        after = before
+        if accepted and self.objective is not None and not unchanged:
+            after = float(self.objective(treedef.unflatten([leaf for _, leaf in leaves])))
+        self.events.append(
+            TransitionEvent(
+                step=int(step),
+                path=path,
+                kind=proposal.kind,
+                slots=tuple(int(s) for s in proposal.slot_ids),
+                accepted=bool(accepted),
+                max_change=self._change(bank, new_bank) if accepted else 0.0,
+                loss_before=before,
+                loss_after=after,
+                score=score,
+            )
+        )
+        return opt_state, bool(accepted)
 
     def _adapter(
         self, path: str, n_banks: int, opt_state: Any

@@ -1,0 +1,491 @@
+"""The growing policy: a `TransitionHook` that births, merges and removes atoms by itself.
+
+`TransitionHook.growing(objective, domain)` builds a `GrowingHook`. Every `every` steps it
+evaluates the objective once and decides, in this order: remove atoms whose contribution has
+stayed near zero, merge colliding atoms into centred pairs, and, when training has
+plateaued, birth the candidate atom whose zero weight has the largest normalised gradient.
+Every transition is one of the bank's own exact (or bounded) commits, so shapes never change
+and nothing recompiles; every decision is a `TransitionEvent` with its score.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from confluent_bank._bank import ConfluentPackBank
+from confluent_bank._bounds import derivative_bound, within_error_budget
+from confluent_bank._commit import detect_transitions
+from confluent_bank._forward import bank_slot_terms
+from confluent_bank._hook import TransitionEvent, TransitionHook, _is_bank
+from confluent_bank._host import HostView, transaction
+from confluent_bank._records import RefinedPack, SlotMode, SlotUpdate, TransitionProposal
+
+REMOVE_NEAR_ZERO = "remove_near_zero"
+"""The kind of the growing policy's removals: weight and `active` of one ordinary slot → 0."""
+STOP_GROWING = "stop_growing"
+"""The kind of the event that records the decision to stop growing (nothing is committed)."""
+
+
+def _name(argument: str) -> str:
+    return f"TransitionHook.growing: {argument}"
+
+
+def _positive_int(value: Any, argument: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{_name(argument)} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _non_negative(value: Any, argument: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{_name(argument)} must be a finite number >= 0, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{_name(argument)} must be a finite number >= 0, got {value!r}")
+    return number
+
+
+def _slot_bound(host: Mapping[str, np.ndarray], base: str, slot: int) -> float:
+    """`|w|·|s|ⁿ·sup|σ⁽ⁿ⁾|` (a rigorous bound): the most an ordinary slot adds anywhere."""
+    order = int(host["orders"][slot])
+    weight, scale = float(host["weights"][slot]), float(host["scales"][slot])
+    return abs(weight) * abs(scale) ** order * derivative_bound(base, order)
+
+
+def _removal_acceptance(domain: tuple[float, float]) -> Callable[[Any, TransitionProposal], bool]:
+    """`within_error_budget(domain)`, plus the rigorous bound of a near-zero removal."""
+    budget = within_error_budget(domain)
+
+    def acceptance(bank: Any, proposal: TransitionProposal) -> bool:
+        if proposal.kind != REMOVE_NEAR_ZERO:
+            return budget(bank, proposal)
+        view = HostView.read(bank)
+        (slot,) = view.positions(proposal.slot_ids)
+        ordinary = int(view.host["modes"][slot]) == SlotMode.ORDINARY
+        if not bool(view.host["active"][slot]) or not ordinary:
+            return False
+        return _slot_bound(view.host, bank.base, slot) <= proposal.error_budget
+
+    return acceptance
+
+
+def _candidate_bank(bank: ConfluentPackBank, pool: Mapping[str, np.ndarray]) -> ConfluentPackBank:
+    """`bank` with the pool's atoms appended as active, zero-weight ordinary slots."""
+    count = len(pool["centers"])
+    dtype, integer = bank.centers.dtype, bank.orders.dtype
+
+    def extend(name: str, tail: Any) -> jax.Array:
+        block = getattr(bank, name)
+        return jnp.concatenate([block, jnp.asarray(tail, dtype=block.dtype)])
+
+    zeros = np.zeros(count)
+    return dataclasses.replace(
+        bank,
+        centers=extend("centers", pool["centers"]),
+        weights=extend("weights", zeros),
+        scales=extend("scales", pool["scales"]),
+        rho=extend("rho", zeros),
+        odd_moments=extend("odd_moments", zeros),
+        directions=extend("directions", zeros),
+        direction_bias=extend("direction_bias", np.ones(count)),
+        moment_coefficients=jnp.concatenate(
+            [bank.moment_coefficients, jnp.zeros((count, bank.max_order + 1), dtype)]
+        ),
+        orders=extend("orders", pool["orders"]),
+        ages=extend("ages", np.zeros(count, dtype=np.int64)),
+        active=extend("active", np.ones(count, dtype=bool)),
+        modes=extend("modes", np.full(count, SlotMode.ORDINARY)),
+        slot_ids=jnp.concatenate(
+            [bank.slot_ids, bank.max_packs + jnp.arange(count, dtype=integer)]
+        ),
+    )
+
+
+class _Unseeded:
+    """An optax commit adapter whose fresh rows start from zero moments, without seeds.
+
+    `commit_adapter` seeds a newborn's second moments from its siblings, `ν = (Σ √ν_o)²`,
+    which keeps a birth quiet in a bank that is not meant to change much; in a bank that
+    grows, it makes Adam's steps on the newborn weight 10 to 100 times smaller than the
+    siblings' for thousands of steps (with 15 siblings and β₂ = 0.999), so the newborn is
+    removed as near zero before it has learned. Without seeds the fresh rows move by about
+    the learning rate per step, ramped in by `row_warmup`.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __call__(self, state: Any, bank: Any, slots: tuple[int, ...]) -> Any:
+        return self.inner(state, bank, slots)
+
+    def carry_transition(self, state: Any, bank: Any, carry: Any) -> Any:
+        return self.inner.carry_transition(state, bank, dataclasses.replace(carry, seeds=()))
+
+
+class GrowingHook(TransitionHook):
+    """A `TransitionHook` with the library's own policy; build it with `TransitionHook.growing`.
+
+    Every `every` steps (`step % every == 0`) it evaluates `objective(predictors)` once and,
+    for every bank in the predictors:
+
+    1. **removes** each ordinary atom whose contribution `|w|·|s|ⁿ·sup|σ⁽ⁿ⁾|` stayed at most
+       `prune_tol · max|f|` (`f` the bank's output on the domain) for `prune_checks`
+       consecutive checks: one commit of kind `"remove_near_zero"`, which changes `f` by at
+       most that bound, accepted only within it;
+    2. **merges** colliding atoms (ordinary order-0 atoms with one common input slope `s`
+       and `|s·(c₁ − c₂)| ≤ merge_distance`) into a centred pair, exactly, as ranked by
+       `detect_transitions` with minus the number of collisions as its score;
+    3. **births**, once the objective improved by less than `plateau` (relative) since the
+       previous check, the best candidate over all banks with room (fewer than
+       `max_active` active slots): a zero-output birth (exact) in the first free slot. The
+       candidates are ordinary atoms centred on `n_centers` points evenly spread over
+       `domain`, with each input slope of `scales` and each order of `orders`; all are
+       scored in one gradient evaluation (every candidate a zero-weight slot of one larger
+       bank), by `|∂objective/∂w| / ‖φ‖`, the first-order gain of a unit-RMS atom `φ` over
+       the domain;
+    4. **stops** growing for good when a plateau comes with less than `stop_tol` relative
+       improvement since the last birth: the last atom did not pay off.
+
+    The optimiser moves a newborn weight from 0; wrap the optimiser in
+    `confluent_bank.optax.row_warmup` so that its fresh rows ramp in. `between_steps` also
+    retracts every bank's spreads at every step, as a plain hook does.
+
+    **Arguments** (all but the first two are keywords):
+
+    - `objective`: `(predictors) -> scalar`, differentiable with JAX, the quantity training
+      minimises (the training loss, or a validation loss). It is evaluated once per check
+      and differentiated once per birth, with each bank replaced by a larger bank (the
+      candidates appended), so it must not depend on the bank's capacity; jit it for speed.
+    - `domain`: `(lo, hi)` with `lo < hi`, the bank's inputs.
+    - `every`: steps between checks (default 100). A check costs one objective evaluation
+      (plus a gradient when it births); Adam needs some tens of steps to use a newborn
+      weight, so about 1/40 of the step budget is a good start.
+    - `max_active`: most active slots per bank (default: the bank's capacity).
+    - `plateau`: birth when the objective improved by less than this fraction since the
+      previous check (default 0.05). Larger grows sooner; 0 waits for no improvement at
+      all; `math.inf` births at every check.
+    - `stop_tol`: stop when a plateau comes with less than this fraction of improvement since
+      the last birth (default 0.01); 0 never stops before `max_active`.
+    - `n_centers`: candidate centres (default 41). Finer than the features you expect.
+    - `scales`: candidate input slopes (default `(4, 8, 16, 32) / (hi − lo)`: from atoms as
+      wide as a quarter of the domain to 1/32 of it).
+    - `orders`: candidate orders (default `(0,)`, steps; add 1 for bumps). Orders above a
+      bank's `max_order` are skipped for that bank.
+    - `prune_tol`: "near zero" relative to `max|f|` (default 1e-3); 0 removes exact zeros
+      only.
+    - `prune_checks`: consecutive near-zero checks before a removal (default 3).
+    - `merge_distance`: collision distance in units of `1/|s|` (default 0.05).
+    - `adapter`, `retract`, `n_points`: as for `TransitionHook`.
+
+    **Raises:** `ValueError` naming the argument for any value outside the ranges above;
+    `TypeError` when `objective` is not callable.
+    """
+
+    def __init__(
+        self,
+        objective: Callable[[Any], Any],
+        domain: tuple[float, float],
+        *,
+        every: int = 100,
+        max_active: int | None = None,
+        plateau: float = 0.2,
+        stop_tol: float = 0.01,
+        n_centers: int = 41,
+        scales: Sequence[float] | None = None,
+        orders: Sequence[int] = (0,),
+        prune_tol: float = 1e-3,
+        prune_checks: int = 3,
+        merge_distance: float = 0.05,
+        adapter: Any = None,
+        retract: bool = True,
+        n_points: int = 401,
+    ) -> None:
+        if not callable(objective):
+            raise TypeError(f"{_name('objective')} must be callable, got {objective!r}")
+        acceptance = _removal_acceptance(domain)  # validates domain
+        super().__init__(
+            lambda step, path, bank: None,
+            domain,
+            acceptance=acceptance,
+            adapter=adapter,
+            retract=retract,
+            objective=objective,
+            n_points=n_points,
+        )
+        lo, hi = self.domain
+        if not lo < hi:
+            raise ValueError(f"{_name('domain')} must have lo < hi, got {domain!r}")
+        self.every = _positive_int(every, "every")
+        self.max_active = None if max_active is None else _positive_int(max_active, "max_active")
+        self.plateau = _non_negative(plateau, "plateau") if plateau != math.inf else math.inf
+        self.stop_tol = _non_negative(stop_tol, "stop_tol")
+        self.prune_tol = _non_negative(prune_tol, "prune_tol")
+        self.prune_checks = _positive_int(prune_checks, "prune_checks")
+        self.merge_distance = _non_negative(merge_distance, "merge_distance")
+        count = _positive_int(n_centers, "n_centers")
+        slopes = tuple(s * 1.0 for s in (4, 8, 16, 32)) if scales is None else tuple(scales)
+        slopes = tuple(s / (hi - lo) for s in slopes) if scales is None else slopes
+        if not slopes or not all(
+            isinstance(s, numbers.Real) and math.isfinite(s) and s > 0 for s in slopes
+        ):
+            raise ValueError(f"{_name('scales')} must be finite numbers > 0, got {scales!r}")
+        if not orders or not all(
+            isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 0 for n in orders
+        ):
+            raise ValueError(f"{_name('orders')} must be integers >= 0, got {orders!r}")
+        grid = np.linspace(lo, hi, count)
+        c, s, n = np.meshgrid(grid, np.asarray(slopes, float), np.asarray(orders), indexing="ij")
+        self.candidates = {
+            "centers": c.ravel(),
+            "scales": s.ravel(),
+            "orders": n.ravel().astype(np.int64),
+        }
+        self._previous: float | None = None
+        self._at_birth: float | None = None
+        self._since_birth = 0
+        self._stopped = False
+        self._quiet: dict[str, dict[int, int]] = {}
+        self._norms: dict[tuple[Any, str], np.ndarray] = {}
+
+    def _adapter(self, path: str, n_banks: int, opt_state: Any) -> Any:
+        adapter = super()._adapter(path, n_banks, opt_state)
+        if self.adapter is None and hasattr(adapter, "carry_transition"):
+            return _Unseeded(adapter)
+        return adapter
+
+    # -- state ----------------------------------------------------------------------------
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the policy has stopped growing (it still removes and merges)."""
+        return self._stopped
+
+    def state_dict(self) -> dict[str, Any]:
+        """The events and the policy's counters, JSON-serialisable (see `load_state_dict`)."""
+        return {
+            **super().state_dict(),
+            "previous": self._previous,
+            "at_birth": self._at_birth,
+            "since_birth": self._since_birth,
+            "stopped": self._stopped,
+            "quiet": {p: {str(k): v for k, v in q.items()} for p, q in self._quiet.items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from `state_dict()`: events, last values, the stop flag and the counters.
+
+        Pair it with the bank saved at the same step (`save_checkpoint`), and build the hook
+        with the same arguments.
+        """
+        super().load_state_dict(state)
+        try:
+            self._previous, self._at_birth = state["previous"], state["at_birth"]
+            self._stopped = bool(state["stopped"])
+            self._since_birth = int(state["since_birth"])
+            self._quiet = {
+                str(p): {int(k): int(v) for k, v in q.items()} for p, q in state["quiet"].items()
+            }
+        except (KeyError, TypeError, AttributeError, ValueError) as error:
+            raise ValueError(
+                "TransitionHook.load_state_dict: state must be what a growing hook's "
+                f"state_dict() returned ({error!r})"
+            ) from None
+
+    # -- the step -------------------------------------------------------------------------
+
+    def between_steps(self, step: int, predictors: Any, opt_state: Any) -> tuple[Any, Any]:
+        """Every `every` steps: remove, merge, maybe birth or stop. Returns `(predictors, state)`."""
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(predictors, is_leaf=_is_bank)
+        leaves = list(leaves)
+        banks = [i for i, (_, leaf) in enumerate(leaves) if _is_bank(leaf)]
+        if banks and step % self.every == 0:
+            value = self._evaluate(leaves, treedef)
+            for i in banks:
+                opt_state = self._remove(step, leaves, treedef, i, opt_state, len(banks), value)
+                opt_state = self._merge(step, leaves, treedef, i, opt_state, len(banks), value)
+            opt_state = self._grow(step, leaves, treedef, banks, opt_state, value)
+        if self.retract:
+            for i in banks:
+                leaves[i] = (leaves[i][0], leaves[i][1].retract())
+        return treedef.unflatten([leaf for _, leaf in leaves]), opt_state
+
+    def _evaluate(self, leaves: list[tuple[Any, Any]], treedef: Any) -> float:
+        assert self.objective is not None
+        return float(self.objective(treedef.unflatten([leaf for _, leaf in leaves])))
+
+    def _remove(
+        self, step: int, leaves: list, treedef: Any, i: int, state: Any, n: int, value: float
+    ) -> Any:
+        path, bank = jax.tree_util.keystr(leaves[i][0]), leaves[i][1]
+        grid = jnp.linspace(*self.domain, self.n_points, dtype=bank.centers.dtype)
+        reference = self.prune_tol * float(jnp.max(jnp.abs(bank.forward(grid))))
+        view = HostView.read(bank)
+        quiet = self._quiet.setdefault(path, {})
+        live: dict[int, int] = {}
+        due = []
+        for slot in range(view.max_packs):
+            ordinary = int(view.host["modes"][slot]) == SlotMode.ORDINARY
+            if not (bool(view.host["active"][slot]) and ordinary):
+                continue
+            ident = view.slot_id(slot)
+            small = _slot_bound(view.host, bank.base, slot) <= reference
+            live[ident] = quiet.get(ident, 0) + 1 if small else 0
+            if live[ident] >= self.prune_checks:
+                due.append(ident)
+        self._quiet[path] = live
+        for ident in due:
+            bank = leaves[i][1]
+            with transaction(bank) as view:
+                slot = view.positions((ident,))[0]
+                proposal = TransitionProposal(
+                    view.digest,
+                    view.version,
+                    (ident,),
+                    (SlotUpdate("weights", slot, 0.0), SlotUpdate("active", slot, 0)),
+                    REMOVE_NEAR_ZERO,
+                    "near-zero output; the change is bounded by |w|·|s|^n·sup|σ^(n)|",
+                    reference,
+                )
+                score = _slot_bound(view.host, bank.base, slot)
+                state, accepted = self._commit_one(
+                    step, leaves, treedef, i, proposal, state, n, score=score, before=value
+                )
+            if accepted:
+                live.pop(ident, None)
+        return state
+
+    def _merge(
+        self, step: int, leaves: list, treedef: Any, i: int, state: Any, n: int, value: float
+    ) -> Any:
+        for _ in range(leaves[i][1].max_packs):
+            bank = leaves[i][1]
+            if not self._collisions(bank):
+                break
+            found = detect_transitions(bank, lambda b: -len(self._collisions(b)))
+            if not found:
+                break
+            proposal = found[0]
+            with transaction(bank) as view:
+                first, second = view.positions(proposal.slot_ids)
+                scale = float(view.host["scales"][first])
+                gap = abs(scale * (view.host["centers"][first] - view.host["centers"][second]))
+                state, accepted = self._commit_one(
+                    step, leaves, treedef, i, proposal, state, n,
+                    score=float(gap), before=value, unchanged=True,
+                )  # fmt: skip
+            if not accepted:
+                break
+        return state
+
+    def _collisions(self, bank: ConfluentPackBank) -> list[tuple[int, int]]:
+        """Pairs of ordinary order-0 atoms with one input slope, `merge_distance` apart."""
+        host = HostView.read(bank).host
+        live = np.flatnonzero(
+            host["active"] & (host["modes"] == SlotMode.ORDINARY) & (host["orders"] == 0)
+        )
+        pairs = []
+        for a, first in enumerate(live):
+            for second in live[a + 1 :]:
+                scale = host["scales"][first]
+                if scale != host["scales"][second] or scale == 0:
+                    continue
+                gap = abs(scale * (host["centers"][first] - host["centers"][second]))
+                if gap <= self.merge_distance:
+                    pairs.append((int(first), int(second)))
+        return pairs
+
+    def _grow(
+        self, step: int, leaves: list, treedef: Any, banks: list[int], state: Any, value: float
+    ) -> Any:
+        previous = self._previous  # the lowest objective since the last birth
+        self._previous = value if previous is None else min(previous, value)
+        self._since_birth += 1
+        if self._stopped or previous is None or previous - value > self.plateau * abs(previous):
+            return state  # stopped, no reference yet, or still improving
+        # A newborn gets two checks to pay off before the policy judges it.
+        if self._at_birth is not None and self._since_birth >= 2:
+            lowest = min(previous, value)
+            gain = (self._at_birth - lowest) / abs(self._at_birth) if self._at_birth else 0.0
+            if gain < self.stop_tol:
+                self._stopped = True
+                self.events.append(
+                    TransitionEvent(
+                        int(step), "", STOP_GROWING, (), True, 0.0, value, value, float(gain)
+                    )
+                )
+                return state
+        best: tuple[float, int, int, int] | None = None  # (score, bank leaf, slot, candidate)
+        for i in banks:
+            bank = leaves[i][1]
+            host = HostView.read(bank).host
+            free = np.flatnonzero(~host["active"])
+            limit = bank.max_packs if self.max_active is None else self.max_active
+            if free.size == 0 or int(np.sum(host["active"])) >= limit:
+                continue
+            scores = self._scores(leaves, treedef, i)
+            j = int(np.argmax(scores))
+            if best is None or scores[j] > best[0]:
+                best = (float(scores[j]), i, int(free[0]), j)
+        if best is None or not best[0] > 0:
+            return state
+        score, i, slot, j = best
+        pool = self.candidates
+        pack = RefinedPack(
+            int(pool["orders"][j]), float(pool["centers"][j]), 0.0, float(pool["scales"][j])
+        )
+        bank = leaves[i][1]
+        with transaction(bank):
+            proposal = bank.propose_birth(slot, pack)
+            state, accepted = self._commit_one(
+                step, leaves, treedef, i, proposal, state, len(banks),
+                score=score, before=value, unchanged=True,
+            )  # fmt: skip
+        if accepted:
+            self._at_birth = self._previous = value
+            self._since_birth = 0
+        return state
+
+    def _pool(self, bank: ConfluentPackBank) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """The candidates this bank can hold (order ≤ max_order) and their RMS over the domain."""
+        keep = self.candidates["orders"] <= bank.max_order
+        pool = {name: value[keep] for name, value in self.candidates.items()}
+        key = (bank.centers.dtype, bank.base, bank.max_order)
+        if key not in self._norms:
+            ones = dict(pool, weights=np.ones(len(pool["centers"])))
+            probe = _candidate_bank(dataclasses.replace(bank, active=bank.active & False), pool)
+            probe = dataclasses.replace(
+                probe, weights=probe.weights.at[bank.max_packs :].set(ones["weights"])
+            )
+            grid = jnp.linspace(*self.domain, self.n_points, dtype=bank.centers.dtype)
+            terms = bank_slot_terms(probe, grid)[bank.max_packs :]
+            self._norms[key] = np.sqrt(np.mean(np.asarray(terms) ** 2, axis=1))
+        return pool, self._norms[key]
+
+    def _scores(self, leaves: list, treedef: Any, i: int) -> np.ndarray:
+        """`|∂objective/∂w_j| / ‖φ_j‖` for every candidate `j`, in one gradient evaluation."""
+        bank = leaves[i][1]
+        pool, norms = self._pool(bank)
+        grown = _candidate_bank(bank, pool)
+        objective = self.objective
+        assert objective is not None
+
+        def loss(weights: jax.Array) -> jax.Array:
+            pieces = [leaf for _, leaf in leaves]
+            full = jnp.concatenate([bank.weights, weights])
+            pieces[i] = dataclasses.replace(grown, weights=full)
+            return jnp.asarray(objective(treedef.unflatten(pieces))).reshape(())
+
+        zero = jnp.zeros(len(pool["centers"]), dtype=bank.weights.dtype)
+        gradient = np.asarray(jax.grad(loss)(zero))
+        scores = np.abs(gradient) / np.where(norms > 0, norms, np.inf)
+        full = np.zeros(len(self.candidates["centers"]))
+        full[self.candidates["orders"] <= bank.max_order] = scores
+        return np.where(np.isfinite(full), full, 0.0)
