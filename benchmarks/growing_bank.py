@@ -14,6 +14,8 @@ Run: `python benchmarks/growing_bank.py [--curve NAME] [--plot growing.png]`; `-
 from __future__ import annotations
 
 import argparse
+import itertools
+import pathlib
 import time
 
 import jax
@@ -38,7 +40,7 @@ CURVES = {
 def mlp_init(key: jax.Array) -> list[tuple[jax.Array, jax.Array]]:
     sizes = [1, 16, 16, 1]
     layers = []
-    for k, (m, n) in zip(jax.random.split(key, 3), zip(sizes[:-1], sizes[1:], strict=True)):
+    for k, (m, n) in zip(jax.random.split(key, 3), itertools.pairwise(sizes), strict=False):
         layers.append((jax.random.normal(k, (m, n)) / np.sqrt(m), jnp.zeros(n)))
     return layers
 
@@ -77,7 +79,7 @@ def run_mlp(target: jax.Array, steps: int) -> tuple[float, float, list]:
     best = None
     for lr in (3e-3, 1e-2, 3e-2):
         loss = lambda p: jnp.mean((mlp(p, X) - target) ** 2)  # noqa: E731
-        params, losses, _ = fit(loss, mlp_init(jax.random.PRNGKey(0)), optax.adam(lr), steps)
+        params, _losses, _ = fit(loss, mlp_init(jax.random.PRNGKey(0)), optax.adam(lr), steps)
         final = float(loss(params))
         print(f"  MLP lr={lr:g}: final MSE {final:.3e}")
         if best is None or final < best[0]:
@@ -110,7 +112,7 @@ def run_bank(target: jax.Array, steps: int, every: int) -> tuple[float, cb.Confl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--curve", default="tanh_bump", choices=sorted(CURVES) + ["all"])
+    parser.add_argument("--curve", default="tanh_bump", choices=[*sorted(CURVES), "all"])
     parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--quick", action="store_true")
@@ -125,7 +127,7 @@ def main() -> None:
         mlp_loss, lr, params = run_mlp(target, steps)
         print(f"[{name}] growing bank from 2 atoms, Adam 3e-2 + row_warmup(100), {steps} steps")
         start = time.perf_counter()
-        bank_loss, bank, hook, losses, traces = run_bank(target, steps, args.every)
+        bank_loss, bank, hook, _losses, traces = run_bank(target, steps, args.every)
         seconds = time.perf_counter() - start
         active = int(np.sum(np.asarray(bank.active)))
         for e in hook.events:
@@ -136,9 +138,9 @@ def main() -> None:
         ratio = bank_loss / mlp_loss
         summary.append((name, mlp_loss, lr, bank_loss, active, ratio, traces, seconds))
         if args.plot:
-            plot(
-                args.plot if len(names) == 1 else f"{name}_{args.plot}", name, target, params, bank
-            )
+            path = pathlib.Path(args.plot)
+            path = path if len(names) == 1 else path.with_name(f"{path.stem}_{name}{path.suffix}")
+            plot(str(path), name, target, params, bank)
     print("\nsummary (ratio = bank MSE / MLP MSE; target <= 1.5 with <= 16 slots)")
     for name, m, lr, b, active, ratio, traces, seconds in summary:
         print(

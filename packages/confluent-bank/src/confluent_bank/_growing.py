@@ -22,8 +22,8 @@ import numpy as np
 
 from confluent_bank._bank import ConfluentPackBank
 from confluent_bank._bounds import derivative_bound, within_error_budget
+from confluent_bank._candidates import CandidateScorer
 from confluent_bank._commit import detect_transitions
-from confluent_bank._forward import bank_slot_terms
 from confluent_bank._hook import TransitionEvent, TransitionHook, _is_bank
 from confluent_bank._host import HostView, transaction
 from confluent_bank._records import RefinedPack, SlotMode, SlotUpdate, TransitionProposal
@@ -77,38 +77,6 @@ def _removal_acceptance(domain: tuple[float, float]) -> Callable[[Any, Transitio
     return acceptance
 
 
-def _candidate_bank(bank: ConfluentPackBank, pool: Mapping[str, np.ndarray]) -> ConfluentPackBank:
-    """`bank` with the pool's atoms appended as active, zero-weight ordinary slots."""
-    count = len(pool["centers"])
-    dtype, integer = bank.centers.dtype, bank.orders.dtype
-
-    def extend(name: str, tail: Any) -> jax.Array:
-        block = getattr(bank, name)
-        return jnp.concatenate([block, jnp.asarray(tail, dtype=block.dtype)])
-
-    zeros = np.zeros(count)
-    return dataclasses.replace(
-        bank,
-        centers=extend("centers", pool["centers"]),
-        weights=extend("weights", zeros),
-        scales=extend("scales", pool["scales"]),
-        rho=extend("rho", zeros),
-        odd_moments=extend("odd_moments", zeros),
-        directions=extend("directions", zeros),
-        direction_bias=extend("direction_bias", np.ones(count)),
-        moment_coefficients=jnp.concatenate(
-            [bank.moment_coefficients, jnp.zeros((count, bank.max_order + 1), dtype)]
-        ),
-        orders=extend("orders", pool["orders"]),
-        ages=extend("ages", np.zeros(count, dtype=np.int64)),
-        active=extend("active", np.ones(count, dtype=bool)),
-        modes=extend("modes", np.full(count, SlotMode.ORDINARY)),
-        slot_ids=jnp.concatenate(
-            [bank.slot_ids, bank.max_packs + jnp.arange(count, dtype=integer)]
-        ),
-    )
-
-
 class _Unseeded:
     """An optax commit adapter whose fresh rows start from zero moments, without seeds.
 
@@ -131,62 +99,10 @@ class _Unseeded:
 
 
 class GrowingHook(TransitionHook):
-    """A `TransitionHook` with the library's own policy; build it with `TransitionHook.growing`.
+    """The hook `TransitionHook.growing` builds (see there for the policy and its options).
 
-    Every `every` steps (`step % every == 0`) it evaluates `objective(predictors)` once and,
-    for every bank in the predictors:
-
-    1. **removes** each ordinary atom whose contribution `|w|·|s|ⁿ·sup|σ⁽ⁿ⁾|` stayed at most
-       `prune_tol · max|f|` (`f` the bank's output on the domain) for `prune_checks`
-       consecutive checks: one commit of kind `"remove_near_zero"`, which changes `f` by at
-       most that bound, accepted only within it;
-    2. **merges** colliding atoms (ordinary order-0 atoms with one common input slope `s`
-       and `|s·(c₁ − c₂)| ≤ merge_distance`) into a centred pair, exactly, as ranked by
-       `detect_transitions` with minus the number of collisions as its score;
-    3. **births**, once the objective improved by less than `plateau` (relative) since the
-       previous check, the best candidate over all banks with room (fewer than
-       `max_active` active slots): a zero-output birth (exact) in the first free slot. The
-       candidates are ordinary atoms centred on `n_centers` points evenly spread over
-       `domain`, with each input slope of `scales` and each order of `orders`; all are
-       scored in one gradient evaluation (every candidate a zero-weight slot of one larger
-       bank), by `|∂objective/∂w| / ‖φ‖`, the first-order gain of a unit-RMS atom `φ` over
-       the domain;
-    4. **stops** growing for good when a plateau comes with less than `stop_tol` relative
-       improvement since the last birth: the last atom did not pay off.
-
-    The optimiser moves a newborn weight from 0; wrap the optimiser in
-    `confluent_bank.optax.row_warmup` so that its fresh rows ramp in. `between_steps` also
-    retracts every bank's spreads at every step, as a plain hook does.
-
-    **Arguments** (all but the first two are keywords):
-
-    - `objective`: `(predictors) -> scalar`, differentiable with JAX, the quantity training
-      minimises (the training loss, or a validation loss). It is evaluated once per check
-      and differentiated once per birth, with each bank replaced by a larger bank (the
-      candidates appended), so it must not depend on the bank's capacity; jit it for speed.
-    - `domain`: `(lo, hi)` with `lo < hi`, the bank's inputs.
-    - `every`: steps between checks (default 100). A check costs one objective evaluation
-      (plus a gradient when it births); Adam needs some tens of steps to use a newborn
-      weight, so about 1/40 of the step budget is a good start.
-    - `max_active`: most active slots per bank (default: the bank's capacity).
-    - `plateau`: birth when the objective improved by less than this fraction since the
-      previous check (default 0.05). Larger grows sooner; 0 waits for no improvement at
-      all; `math.inf` births at every check.
-    - `stop_tol`: stop when a plateau comes with less than this fraction of improvement since
-      the last birth (default 0.01); 0 never stops before `max_active`.
-    - `n_centers`: candidate centres (default 41). Finer than the features you expect.
-    - `scales`: candidate input slopes (default `(4, 8, 16, 32) / (hi − lo)`: from atoms as
-      wide as a quarter of the domain to 1/32 of it).
-    - `orders`: candidate orders (default `(0,)`, steps; add 1 for bumps). Orders above a
-      bank's `max_order` are skipped for that bank.
-    - `prune_tol`: "near zero" relative to `max|f|` (default 1e-3); 0 removes exact zeros
-      only.
-    - `prune_checks`: consecutive near-zero checks before a removal (default 3).
-    - `merge_distance`: collision distance in units of `1/|s|` (default 0.05).
-    - `adapter`, `retract`, `n_points`: as for `TransitionHook`.
-
-    **Raises:** `ValueError` naming the argument for any value outside the ranges above;
-    `TypeError` when `objective` is not callable.
+    Beyond a `TransitionHook` it has the policy's options as attributes, `candidates` (the
+    candidate grid as arrays `centers`, `scales`, `orders`) and `stopped`.
     """
 
     def __init__(
@@ -241,19 +157,13 @@ class GrowingHook(TransitionHook):
             isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 0 for n in orders
         ):
             raise ValueError(f"{_name('orders')} must be integers >= 0, got {orders!r}")
-        grid = np.linspace(lo, hi, count)
-        c, s, n = np.meshgrid(grid, np.asarray(slopes, float), np.asarray(orders), indexing="ij")
-        self.candidates = {
-            "centers": c.ravel(),
-            "scales": s.ravel(),
-            "orders": n.ravel().astype(np.int64),
-        }
+        self._scorer = CandidateScorer(self.domain, count, slopes, tuple(orders), n_points)
+        self.candidates = self._scorer.candidates
         self._previous: float | None = None
         self._at_birth: float | None = None
         self._since_birth = 0
         self._stopped = False
         self._quiet: dict[str, dict[int, int]] = {}
-        self._norms: dict[tuple[Any, str], np.ndarray] = {}
 
     def _adapter(self, path: str, n_banks: int, opt_state: Any) -> Any:
         adapter = super()._adapter(path, n_banks, opt_state)
@@ -302,7 +212,7 @@ class GrowingHook(TransitionHook):
     # -- the step -------------------------------------------------------------------------
 
     def between_steps(self, step: int, predictors: Any, opt_state: Any) -> tuple[Any, Any]:
-        """Every `every` steps: remove, merge, maybe birth or stop. Returns `(predictors, state)`."""
+        """Each `every` steps: remove, merge, birth or stop; returns `(predictors, state)`."""
         leaves, treedef = jax.tree_util.tree_flatten_with_path(predictors, is_leaf=_is_bank)
         leaves = list(leaves)
         banks = [i for i, (_, leaf) in enumerate(leaves) if _is_bank(leaf)]
@@ -430,7 +340,7 @@ class GrowingHook(TransitionHook):
             limit = bank.max_packs if self.max_active is None else self.max_active
             if free.size == 0 or int(np.sum(host["active"])) >= limit:
                 continue
-            scores = self._scores(leaves, treedef, i)
+            scores = self._scorer.scores(self.objective, leaves, treedef, i)
             j = int(np.argmax(scores))
             if best is None or scores[j] > best[0]:
                 best = (float(scores[j]), i, int(free[0]), j)
@@ -452,40 +362,3 @@ class GrowingHook(TransitionHook):
             self._at_birth = self._previous = value
             self._since_birth = 0
         return state
-
-    def _pool(self, bank: ConfluentPackBank) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """The candidates this bank can hold (order ≤ max_order) and their RMS over the domain."""
-        keep = self.candidates["orders"] <= bank.max_order
-        pool = {name: value[keep] for name, value in self.candidates.items()}
-        key = (bank.centers.dtype, bank.base, bank.max_order)
-        if key not in self._norms:
-            ones = dict(pool, weights=np.ones(len(pool["centers"])))
-            probe = _candidate_bank(dataclasses.replace(bank, active=bank.active & False), pool)
-            probe = dataclasses.replace(
-                probe, weights=probe.weights.at[bank.max_packs :].set(ones["weights"])
-            )
-            grid = jnp.linspace(*self.domain, self.n_points, dtype=bank.centers.dtype)
-            terms = bank_slot_terms(probe, grid)[bank.max_packs :]
-            self._norms[key] = np.sqrt(np.mean(np.asarray(terms) ** 2, axis=1))
-        return pool, self._norms[key]
-
-    def _scores(self, leaves: list, treedef: Any, i: int) -> np.ndarray:
-        """`|∂objective/∂w_j| / ‖φ_j‖` for every candidate `j`, in one gradient evaluation."""
-        bank = leaves[i][1]
-        pool, norms = self._pool(bank)
-        grown = _candidate_bank(bank, pool)
-        objective = self.objective
-        assert objective is not None
-
-        def loss(weights: jax.Array) -> jax.Array:
-            pieces = [leaf for _, leaf in leaves]
-            full = jnp.concatenate([bank.weights, weights])
-            pieces[i] = dataclasses.replace(grown, weights=full)
-            return jnp.asarray(objective(treedef.unflatten(pieces))).reshape(())
-
-        zero = jnp.zeros(len(pool["centers"]), dtype=bank.weights.dtype)
-        gradient = np.asarray(jax.grad(loss)(zero))
-        scores = np.abs(gradient) / np.where(norms > 0, norms, np.inf)
-        full = np.zeros(len(self.candidates["centers"]))
-        full[self.candidates["orders"] <= bank.max_order] = scores
-        return np.where(np.isfinite(full), full, 0.0)

@@ -11,7 +11,7 @@ attempt. The protocol is duck-typed: this module imports no trainer.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -148,17 +148,100 @@ class TransitionHook:
         cls,
         objective: Callable[[Any], Any],
         domain: tuple[float, float],
-        **options: Any,
+        *,
+        every: int = 100,
+        max_active: int | None = None,
+        plateau: float = 0.2,
+        stop_tol: float = 0.01,
+        n_centers: int = 41,
+        scales: Sequence[float] | None = None,
+        orders: Sequence[int] = (0,),
+        prune_tol: float = 1e-3,
+        prune_checks: int = 3,
+        merge_distance: float = 0.05,
+        adapter: Callable[[str], OptimizerStateAdapter[Any]] | None = None,
+        retract: bool = True,
+        n_points: int = 401,
     ) -> TransitionHook:
         """A hook with the library's own policy: births, merges and removals, no schedule.
 
-        See `confluent_bank._growing.GrowingHook` (documented in the guide, "A bank that
-        grows itself") for the policy, its options and their defaults. `objective` is a
-        differentiable `(predictors) -> scalar` to minimise, `domain` the bank's inputs.
+        Every `every` steps (`step % every == 0`) it evaluates `objective(predictors)` once and,
+        for every bank in the predictors:
+
+        1. **removes** each ordinary atom whose contribution `|w|·|s|ⁿ·sup|σ⁽ⁿ⁾|` stayed at
+           most `prune_tol · max|f|` (`f` the bank's output on the domain) for `prune_checks`
+           consecutive checks: a commit of kind `"remove_near_zero"` (weight and `active` to
+           0), which changes `f` by at most that bound and is accepted only within it;
+        2. **merges** colliding atoms (ordinary order-0 atoms with one common input slope `s`
+           and `|s·(c₁ − c₂)| ≤ merge_distance`) into a centred pair, exactly, as ranked by
+           `detect_transitions` with minus the number of collisions as its score (atoms whose
+           slopes are trained apart never collide);
+        3. **births**, on a plateau (the objective is not below `(1 − plateau)` times its lowest
+           value since the last birth), the best candidate of all banks with room (fewer than
+           `max_active` active slots): a zero-output birth, exact, in the first free slot.
+           The candidates are ordinary atoms centred on `n_centers` points evenly spread over
+           `domain`, with each slope of `scales` and each order of `orders`, all scored in
+           one gradient evaluation (each a zero-weight slot of one larger bank) by
+           `|∂objective/∂w| / ‖φ‖`: the first-order gain of the candidate atom `φ` scaled to
+           unit RMS over the domain;
+        4. **stops** growing for good when, on a plateau at least two checks after the last
+           birth, the objective's lowest value is less than `stop_tol` (relative) below its
+           value at that birth: the last atom did not pay off. Removals and merges go on.
+
+        Each decision is a `TransitionEvent` whose `score` says why (see `TransitionEvent`);
+        a stop is an event of kind `"stop_growing"` with no slots. The optimiser moves a
+        newborn weight from 0: wrap it in `confluent_bank.optax.row_warmup` so the fresh rows
+        ramp in. The default optax adapter starts a newborn's moments at zero instead of
+        seeding them from its siblings (a seed that size keeps Adam's steps on the newborn
+        10–100× smaller for thousands of steps, and the atom would be removed before it
+        learned). Resume a run with `state_dict()` / `load_state_dict()` and the bank's
+        checkpoint.
+
+        **Arguments:**
+
+        - `objective`: `(predictors) -> scalar`, differentiable with JAX: the training loss
+          or a validation loss. Evaluated once per check and differentiated once per birth
+          with each bank replaced by a larger one (the candidates appended), so it must work
+          for any capacity (call the bank's `forward`, not its slot blocks); jit it.
+        - `domain`: `(lo, hi)` with `lo < hi`, the bank's inputs.
+        - `every`: steps between checks (default 100). About 1/40 of the step budget: Adam
+          needs some tens of steps to use a newborn weight.
+        - `max_active`: most active slots per bank (default: the bank's capacity).
+        - `plateau`: relative improvement below which training counts as plateaued (default
+          0.2). Larger grows sooner and more; `math.inf` births at every check.
+        - `stop_tol`: the relative gain a birth must bring (default 0.01); 0 never stops.
+        - `n_centers`: candidate centres (default 41); finer than the features you expect.
+        - `scales`: candidate slopes (default `(4, 8, 16, 32) / (hi − lo)`, atoms from a
+          quarter to 1/32 of the domain wide).
+        - `orders`: candidate orders (default `(0,)`; add 1 for bumps). Orders above a bank's
+          `max_order` are skipped for that bank.
+        - `prune_tol`: "near zero", relative to `max|f|` (default 1e-3).
+        - `prune_checks`: consecutive near-zero checks before a removal (default 3).
+        - `merge_distance`: collision distance in units of `1/|s|` (default 0.05).
+        - `adapter`, `retract`, `n_points`: as for `TransitionHook`.
+
+        **Raises:** `ValueError` naming the argument for a value outside these ranges;
+        `TypeError` when `objective` is not callable.
         """
         from confluent_bank._growing import GrowingHook  # the policy imports this module
 
-        return GrowingHook(objective, domain, **options)
+        return GrowingHook(
+            objective,
+            domain,
+            every=every,
+            max_active=max_active,
+            plateau=plateau,
+            stop_tol=stop_tol,
+            n_centers=n_centers,
+            scales=scales,
+            orders=orders,
+            prune_tol=prune_tol,
+            prune_checks=prune_checks,
+            merge_distance=merge_distance,
+            adapter=adapter,
+            retract=retract,
+            n_points=n_points,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The hook's state as JSON-serialisable data: `{"events": [...]}` for a plain hook.
