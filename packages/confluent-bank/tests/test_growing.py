@@ -2,6 +2,9 @@
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -228,3 +231,32 @@ def test_load_state_dict_refuses_a_foreign_state():
     hook = cb.TransitionHook.growing(_objective(_target(0.0)), DOMAIN)
     with pytest.raises(ValueError, match="state_dict"):
         hook.load_state_dict({"events": []})
+
+
+FLOAT32_CHILD = """
+import json, jax, jax.numpy as jnp, numpy as np, optax
+import confluent_bank as cb
+assert not jax.config.jax_enable_x64
+X = jnp.linspace(-3, 3, 61)
+Y = 0.7 * jax.nn.sigmoid(2.0 * (X - 0.43))
+packs = [cb.RefinedPack(0, -2.9, 0.0), cb.RefinedPack(0, 2.9, 0.0)]
+bank = cb.init_confluent_bank(packs, max_packs=6, max_order=2)
+objective = lambda b: jnp.mean((b.forward(X) - Y) ** 2)
+hook = cb.TransitionHook.growing(objective, (-3.0, 3.0), every=1, plateau=np.inf, scales=(2.0,))
+state = optax.adam(1e-2).init(bank.parameters)
+for step in (1, 2):
+    bank, state = hook.between_steps(step, bank, state)
+print(json.dumps({"center": float(bank.centers[2]), "dtype": str(bank.centers.dtype),
+                  "kind": hook.events[0].kind, "score": hook.events[0].score}))
+"""
+
+
+def test_growing_works_in_float32():
+    # x64 is on in this process; the float32 facts are measured in a fresh one.
+    env = {**os.environ, "JAX_ENABLE_X64": "0", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(
+        [sys.executable, "-c", FLOAT32_CHILD], capture_output=True, text=True, env=env, check=True
+    )
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert facts["dtype"] == "float32" and facts["kind"] == "zero_output_birth"
+    assert facts["center"] == pytest.approx(0.45, abs=1e-6) and facts["score"] > 0
