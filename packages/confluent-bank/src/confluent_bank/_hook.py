@@ -11,7 +11,7 @@ attempt. The protocol is duck-typed: this module imports no trainer.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -42,8 +42,15 @@ class TransitionEvent:
       rejected).
     - `loss_before`, `loss_after`: the hook's `objective` at the predictors just before and
       just after the commit, or `None` without an objective.
+    - `score`: why the policy made this decision, or `None` for a user policy. The growing
+      policy (`TransitionHook.growing`) records, for a `"zero_output_birth"`, the normalised
+      gradient `|∂objective/∂w| / ‖φ‖` of the chosen candidate; for a merge, the collision's
+      distance `|s·(c₁ − c₂)|`; for a `"remove_near_zero"`, the atom's largest contribution
+      `|w|·|s|ⁿ·sup|σ⁽ⁿ⁾|`; for a `"stop_growing"` decision (no slots, nothing committed), the
+      relative improvement of the objective since the last birth.
 
-    `dataclasses.asdict(event)` is JSON-serialisable.
+    `dataclasses.asdict(event)` is JSON-serialisable, and `TransitionEvent(**that_dict)` gives
+    the event back.
     """
 
     step: int
@@ -54,6 +61,11 @@ class TransitionEvent:
     max_change: float
     loss_before: float | None = None
     loss_after: float | None = None
+    score: float | None = None
+
+    def __post_init__(self) -> None:
+        # A dict read back from JSON holds a list; the event keeps the tuple it was made with.
+        object.__setattr__(self, "slots", tuple(int(i) for i in self.slots))
 
 
 def _is_bank(node: Any) -> bool:
@@ -131,6 +143,131 @@ class TransitionHook:
         self.n_points = n_points
         self.events: list[TransitionEvent] = []
 
+    @classmethod
+    def growing(
+        cls,
+        objective: Callable[[Any], Any],
+        domain: tuple[float, float],
+        *,
+        every: int = 100,
+        max_active: int | None = None,
+        plateau: float = 0.2,
+        stop_tol: float = 0.01,
+        n_centers: int = 41,
+        scales: Sequence[float] | None = None,
+        orders: Sequence[int] = (0,),
+        prune_tol: float = 1e-3,
+        prune_checks: int = 3,
+        merge_distance: float = 0.05,
+        adapter: Callable[[str], OptimizerStateAdapter[Any]] | None = None,
+        retract: bool = True,
+        n_points: int = 401,
+    ) -> TransitionHook:
+        """A hook with the library's own policy: births, merges and removals, no schedule.
+
+        Every `every` steps (`step % every == 0`) it evaluates `objective(predictors)` once and,
+        for every bank in the predictors:
+
+        1. **removes** each ordinary atom whose contribution `|w|·|s|ⁿ·sup|σ⁽ⁿ⁾|` stayed at
+           most `prune_tol · max|f|` (`f` the bank's output on the domain) for `prune_checks`
+           consecutive checks: a commit of kind `"remove_near_zero"` (weight and `active` to
+           0), which changes `f` by at most that bound and is accepted only within it;
+        2. **merges** colliding atoms (ordinary order-0 atoms with one common input slope `s`
+           and `|s·(c₁ − c₂)| ≤ merge_distance`) into a centred pair, exactly, as ranked by
+           `detect_transitions` with minus the number of collisions as its score (atoms whose
+           slopes are trained apart never collide);
+        3. **births**, on a plateau (the objective is not below `(1 − plateau)` times its lowest
+           value since the last birth), the best candidate of all banks with room (fewer than
+           `max_active` active slots): a zero-output birth, exact, in the first free slot.
+           The candidates are ordinary atoms centred on `n_centers` points evenly spread over
+           `domain`, with each slope of `scales` and each order of `orders`, all scored in
+           one gradient evaluation (each a zero-weight slot of one larger bank) by
+           `|∂objective/∂w| / ‖φ‖`: the first-order gain of the candidate atom `φ` scaled to
+           unit RMS over the domain;
+        4. **stops** growing for good when, on a plateau at least two checks after the last
+           birth, the objective's lowest value is less than `stop_tol` (relative) below its
+           value at that birth: the last atom did not pay off. Removals and merges go on.
+
+        Each decision is a `TransitionEvent` whose `score` says why (see `TransitionEvent`);
+        a stop is an event of kind `"stop_growing"` with no slots. The optimiser moves a
+        newborn weight from 0: wrap it in `confluent_bank.optax.row_warmup` so the fresh rows
+        ramp in. The default optax adapter starts a newborn's moments at zero instead of
+        seeding them from its siblings as `commit_adapter()` does: the seed keeps Adam's
+        steps on the newborn 10–100× small for thousands of steps, so the bank grows but
+        does not learn; the price is a short loss bump after each birth (about 3× over 50
+        steps in the spike benchmark). `adapter=lambda path: commit_adapter()` restores
+        quiet births. Resume a run with `state_dict()` / `load_state_dict()` and the bank's
+        checkpoint.
+
+        **Arguments:**
+
+        - `objective`: `(predictors) -> scalar`, differentiable with JAX: the training loss
+          or a validation loss. Evaluated once per check and differentiated once per birth
+          with each bank replaced by a larger one (the candidates appended), so it must work
+          for any capacity (call the bank's `forward`, not its slot blocks); jit it.
+        - `domain`: `(lo, hi)` with `lo < hi`, the bank's inputs.
+        - `every`: steps between checks (default 100). About 1/40 of the step budget: Adam
+          needs some tens of steps to use a newborn weight.
+        - `max_active`: most active slots per bank (default: the bank's capacity).
+        - `plateau`: relative improvement below which training counts as plateaued (default
+          0.2). Larger grows sooner and more; `math.inf` births at every check.
+        - `stop_tol`: the relative gain a birth must bring (default 0.01); 0 never stops.
+        - `n_centers`: candidate centres (default 41); finer than the features you expect.
+        - `scales`: candidate slopes (default `(4, 8, 16, 32) / (hi − lo)`, atoms from a
+          quarter to 1/32 of the domain wide).
+        - `orders`: candidate orders (default `(0,)`; add 1 for bumps). Orders above a bank's
+          `max_order` are skipped for that bank.
+        - `prune_tol`: "near zero", relative to `max|f|` (default 1e-3).
+        - `prune_checks`: consecutive near-zero checks before a removal (default 3).
+        - `merge_distance`: collision distance in units of `1/|s|` (default 0.05).
+        - `adapter`, `retract`, `n_points`: as for `TransitionHook`.
+
+        **Raises:** `ValueError` naming the argument for a value outside these ranges;
+        `TypeError` when `objective` is not callable.
+        """
+        from confluent_bank._growing import GrowingHook  # the policy imports this module
+
+        return GrowingHook(
+            objective,
+            domain,
+            every=every,
+            max_active=max_active,
+            plateau=plateau,
+            stop_tol=stop_tol,
+            n_centers=n_centers,
+            scales=scales,
+            orders=orders,
+            prune_tol=prune_tol,
+            prune_checks=prune_checks,
+            merge_distance=merge_distance,
+            adapter=adapter,
+            retract=retract,
+            n_points=n_points,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The hook's state as JSON-serialisable data: `{"events": [...]}` for a plain hook.
+
+        Save it beside the bank's checkpoint; `load_state_dict` on a hook built with the same
+        arguments resumes it.
+        """
+        return {"events": [dataclasses.asdict(event) for event in self.events]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what `state_dict` returned (the events; a policy's counters as well).
+
+        **Raises:** `ValueError` when `state` is not a mapping with an `"events"` list of
+        event dicts.
+        """
+        try:
+            events = [TransitionEvent(**event) for event in state["events"]]
+        except (KeyError, TypeError) as error:
+            raise ValueError(
+                f"TransitionHook.load_state_dict: state must be what state_dict() returned, "
+                f"a mapping with an 'events' list of event dicts ({error})"
+            ) from None
+        self.events = events
+
     def between_steps(self, step: int, predictors: Any, opt_state: Any) -> tuple[Any, Any]:
         """Visit every bank: propose, commit, record; retract. Returns `(predictors, state)`."""
         leaves, treedef = jax.tree_util.tree_flatten_with_path(predictors, is_leaf=_is_bank)
@@ -150,38 +287,63 @@ class TransitionHook:
                         f"bank at {path or '<root>'} after step {step}; expected a "
                         "TransitionProposal or None"
                     )
-                before = after = None
-                if self.objective is not None:
-                    before = float(self.objective(treedef.unflatten([x for _, x in leaves])))
-                new_bank, opt_state, accepted = commit_transition(
-                    bank,
-                    proposal,
-                    opt_state,
-                    between_steps=True,
-                    acceptance=self.acceptance,
-                    state_adapter=self._adapter(path, len(banks), opt_state),
+                opt_state, _ = self._commit_one(
+                    step, leaves, treedef, i, proposal, opt_state, len(banks)
                 )
-            leaves[i] = (leaves[i][0], new_bank)
-            if self.objective is not None:
-                after = before
-                if accepted:
-                    after = float(self.objective(treedef.unflatten([leaf for _, leaf in leaves])))
-            self.events.append(
-                TransitionEvent(
-                    step=int(step),
-                    path=path,
-                    kind=proposal.kind,
-                    slots=tuple(int(s) for s in proposal.slot_ids),
-                    accepted=bool(accepted),
-                    max_change=self._change(bank, new_bank) if accepted else 0.0,
-                    loss_before=before,
-                    loss_after=after,
-                )
-            )
         if self.retract:
             for i in banks:
                 leaves[i] = (leaves[i][0], leaves[i][1].retract())
         return treedef.unflatten([leaf for _, leaf in leaves]), opt_state
+
+    def _commit_one(
+        self,
+        step: int,
+        leaves: list[tuple[Any, Any]],
+        treedef: Any,
+        i: int,
+        proposal: TransitionProposal,
+        opt_state: Any,
+        n_banks: int,
+        *,
+        score: float | None = None,
+        before: float | None = None,
+        unchanged: bool = False,
+    ) -> tuple[Any, bool]:
+        """Commit `proposal` to the bank at `leaves[i]` (replaced in place) and record it.
+
+        `before` is the objective already known at these predictors; with `unchanged` (an
+        exact kind) it is recorded as `loss_after` too, without a second evaluation.
+        """
+        path, bank = jax.tree_util.keystr(leaves[i][0]), leaves[i][1]
+        with transaction(bank):
+            if before is None and self.objective is not None:
+                before = float(self.objective(treedef.unflatten([x for _, x in leaves])))
+            new_bank, opt_state, accepted = commit_transition(
+                bank,
+                proposal,
+                opt_state,
+                between_steps=True,
+                acceptance=self.acceptance,
+                state_adapter=self._adapter(path, n_banks, opt_state),
+            )
+        leaves[i] = (leaves[i][0], new_bank)
+        after = before
+        if accepted and self.objective is not None and not unchanged:
+            after = float(self.objective(treedef.unflatten([leaf for _, leaf in leaves])))
+        self.events.append(
+            TransitionEvent(
+                step=int(step),
+                path=path,
+                kind=proposal.kind,
+                slots=tuple(int(s) for s in proposal.slot_ids),
+                accepted=bool(accepted),
+                max_change=self._change(bank, new_bank) if accepted else 0.0,
+                loss_before=before,
+                loss_after=after,
+                score=score,
+            )
+        )
+        return opt_state, bool(accepted)
 
     def _adapter(
         self, path: str, n_banks: int, opt_state: Any

@@ -1,0 +1,369 @@
+"""The growing policy: a `TransitionHook` that births, merges and removes atoms by itself.
+
+`TransitionHook.growing(objective, domain)` builds a `GrowingHook`. Every `every` steps it
+evaluates the objective once and decides, in this order: remove atoms whose contribution has
+stayed near zero, merge colliding atoms into centred pairs, and, when training has
+plateaued, birth the candidate atom whose zero weight has the largest normalised gradient.
+Every transition is one of the bank's own exact (or bounded) commits, so shapes never change
+and nothing recompiles; every decision is a `TransitionEvent` with its score.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from confluent_bank._bank import ConfluentPackBank
+from confluent_bank._bounds import derivative_bound, within_error_budget
+from confluent_bank._candidates import CandidateScorer
+from confluent_bank._commit import detect_transitions
+from confluent_bank._hook import TransitionEvent, TransitionHook, _is_bank
+from confluent_bank._host import HostView, transaction
+from confluent_bank._records import RefinedPack, SlotMode, SlotUpdate, TransitionProposal
+
+REMOVE_NEAR_ZERO = "remove_near_zero"
+"""The kind of the growing policy's removals: weight and `active` of one ordinary slot → 0."""
+STOP_GROWING = "stop_growing"
+"""The kind of the event that records the decision to stop growing (nothing is committed)."""
+
+
+def _name(argument: str) -> str:
+    return f"TransitionHook.growing: {argument}"
+
+
+def _positive_int(value: Any, argument: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{_name(argument)} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _non_negative(value: Any, argument: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{_name(argument)} must be a finite number >= 0, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{_name(argument)} must be a finite number >= 0, got {value!r}")
+    return number
+
+
+def _slot_bound(host: Mapping[str, np.ndarray], base: str, slot: int) -> float:
+    """`|w|·|s|ⁿ·sup|σ⁽ⁿ⁾|` (a rigorous bound): the most an ordinary slot adds anywhere."""
+    order = int(host["orders"][slot])
+    weight, scale = float(host["weights"][slot]), float(host["scales"][slot])
+    return abs(weight) * abs(scale) ** order * derivative_bound(base, order)
+
+
+def _removal_acceptance(domain: tuple[float, float]) -> Callable[[Any, TransitionProposal], bool]:
+    """`within_error_budget(domain)`, plus the rigorous bound of a near-zero removal."""
+    budget = within_error_budget(domain)
+
+    def acceptance(bank: Any, proposal: TransitionProposal) -> bool:
+        if proposal.kind != REMOVE_NEAR_ZERO:
+            return budget(bank, proposal)
+        view = HostView.read(bank)
+        (slot,) = view.positions(proposal.slot_ids)
+        ordinary = int(view.host["modes"][slot]) == SlotMode.ORDINARY
+        if not bool(view.host["active"][slot]) or not ordinary:
+            return False
+        return _slot_bound(view.host, bank.base, slot) <= proposal.error_budget
+
+    return acceptance
+
+
+class _Unseeded:
+    """An optax commit adapter whose fresh rows start from zero moments, without seeds.
+
+    `commit_adapter` seeds a newborn's second moments from its siblings, `√ν = Σ_o √ν_o`,
+    which keeps a birth quiet; in a bank that grows to 16 atoms it makes Adam's steps on the
+    newborn weight 10 to 100 times smaller than its siblings' for thousands of steps
+    (β₂ = 0.999), and the newborn is removed as near zero before it has learned. Without
+    seeds the fresh rows move by about the learning rate per step, ramped in by
+    `row_warmup`. Measured (issue 24): in 4000 Adam steps the grown bank ends at 0.25–0.88×
+    the MLP's loss on four curves; seeded, it ends at 39× (wave) and 162× (kink) with the
+    sum (newborns removed before they learn, then born again) and 3.8–4.4× with the mean;
+    the price is a short bump after each birth, 3.1× (adam) and 3.0× (adabelief) the
+    control's largest loss over the 50 steps after a birth in the spike problem of
+    `benchmarks/transition_spikes.py`, where the sum gives 0.97 and 1.00.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __call__(self, state: Any, bank: Any, slots: tuple[int, ...]) -> Any:
+        return self.inner(state, bank, slots)
+
+    def carry_transition(self, state: Any, bank: Any, carry: Any) -> Any:
+        return self.inner.carry_transition(state, bank, dataclasses.replace(carry, seeds=()))
+
+
+class GrowingHook(TransitionHook):
+    """The hook `TransitionHook.growing` builds (see there for the policy and its options).
+
+    Beyond a `TransitionHook` it has the policy's options as attributes, `candidates` (the
+    candidate grid as arrays `centers`, `scales`, `orders`) and `stopped`.
+    """
+
+    def __init__(
+        self,
+        objective: Callable[[Any], Any],
+        domain: tuple[float, float],
+        *,
+        every: int = 100,
+        max_active: int | None = None,
+        plateau: float = 0.2,
+        stop_tol: float = 0.01,
+        n_centers: int = 41,
+        scales: Sequence[float] | None = None,
+        orders: Sequence[int] = (0,),
+        prune_tol: float = 1e-3,
+        prune_checks: int = 3,
+        merge_distance: float = 0.05,
+        adapter: Any = None,
+        retract: bool = True,
+        n_points: int = 401,
+    ) -> None:
+        if not callable(objective):
+            raise TypeError(f"{_name('objective')} must be callable, got {objective!r}")
+        acceptance = _removal_acceptance(domain)  # validates domain
+        super().__init__(
+            lambda step, path, bank: None,
+            domain,
+            acceptance=acceptance,
+            adapter=adapter,
+            retract=retract,
+            objective=objective,
+            n_points=n_points,
+        )
+        lo, hi = self.domain
+        if not lo < hi:
+            raise ValueError(f"{_name('domain')} must have lo < hi, got {domain!r}")
+        self.every = _positive_int(every, "every")
+        self.max_active = None if max_active is None else _positive_int(max_active, "max_active")
+        self.plateau = _non_negative(plateau, "plateau") if plateau != math.inf else math.inf
+        self.stop_tol = _non_negative(stop_tol, "stop_tol")
+        self.prune_tol = _non_negative(prune_tol, "prune_tol")
+        self.prune_checks = _positive_int(prune_checks, "prune_checks")
+        self.merge_distance = _non_negative(merge_distance, "merge_distance")
+        count = _positive_int(n_centers, "n_centers")
+        slopes = tuple(s * 1.0 for s in (4, 8, 16, 32)) if scales is None else tuple(scales)
+        slopes = tuple(s / (hi - lo) for s in slopes) if scales is None else slopes
+        if not slopes or not all(
+            isinstance(s, numbers.Real) and math.isfinite(s) and s > 0 for s in slopes
+        ):
+            raise ValueError(f"{_name('scales')} must be finite numbers > 0, got {scales!r}")
+        if not orders or not all(
+            isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 0 for n in orders
+        ):
+            raise ValueError(f"{_name('orders')} must be integers >= 0, got {orders!r}")
+        self._scorer = CandidateScorer(self.domain, count, slopes, tuple(orders), n_points)
+        self.candidates = self._scorer.candidates
+        self._previous: float | None = None
+        self._at_birth: float | None = None
+        self._since_birth = 0
+        self._stopped = False
+        self._quiet: dict[str, dict[int, int]] = {}
+
+    def _adapter(self, path: str, n_banks: int, opt_state: Any) -> Any:
+        adapter = super()._adapter(path, n_banks, opt_state)
+        if self.adapter is None and hasattr(adapter, "carry_transition"):
+            return _Unseeded(adapter)
+        return adapter
+
+    # -- state ----------------------------------------------------------------------------
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the policy has stopped growing (it still removes and merges)."""
+        return self._stopped
+
+    def state_dict(self) -> dict[str, Any]:
+        """The events and the policy's counters, JSON-serialisable (see `load_state_dict`)."""
+        return {
+            **super().state_dict(),
+            "previous": self._previous,
+            "at_birth": self._at_birth,
+            "since_birth": self._since_birth,
+            "stopped": self._stopped,
+            "quiet": {p: {str(k): v for k, v in q.items()} for p, q in self._quiet.items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from `state_dict()`: events, last values, the stop flag and the counters.
+
+        Pair it with the bank saved at the same step (`save_checkpoint`), and build the hook
+        with the same arguments.
+        """
+        super().load_state_dict(state)
+        try:
+            self._previous, self._at_birth = state["previous"], state["at_birth"]
+            self._stopped = bool(state["stopped"])
+            self._since_birth = int(state["since_birth"])
+            self._quiet = {
+                str(p): {int(k): int(v) for k, v in q.items()} for p, q in state["quiet"].items()
+            }
+        except (KeyError, TypeError, AttributeError, ValueError) as error:
+            raise ValueError(
+                "TransitionHook.load_state_dict: state must be what a growing hook's "
+                f"state_dict() returned ({error!r})"
+            ) from None
+
+    # -- the step -------------------------------------------------------------------------
+
+    def between_steps(self, step: int, predictors: Any, opt_state: Any) -> tuple[Any, Any]:
+        """Each `every` steps: remove, merge, birth or stop; returns `(predictors, state)`."""
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(predictors, is_leaf=_is_bank)
+        leaves = list(leaves)
+        banks = [i for i, (_, leaf) in enumerate(leaves) if _is_bank(leaf)]
+        if banks and step % self.every == 0:
+            value = self._evaluate(leaves, treedef)
+            for i in banks:
+                opt_state = self._remove(step, leaves, treedef, i, opt_state, len(banks), value)
+                opt_state = self._merge(step, leaves, treedef, i, opt_state, len(banks), value)
+            opt_state = self._grow(step, leaves, treedef, banks, opt_state, value)
+        if self.retract:
+            for i in banks:
+                leaves[i] = (leaves[i][0], leaves[i][1].retract())
+        return treedef.unflatten([leaf for _, leaf in leaves]), opt_state
+
+    def _evaluate(self, leaves: list[tuple[Any, Any]], treedef: Any) -> float:
+        assert self.objective is not None
+        return float(self.objective(treedef.unflatten([leaf for _, leaf in leaves])))
+
+    def _remove(
+        self, step: int, leaves: list, treedef: Any, i: int, state: Any, n: int, value: float
+    ) -> Any:
+        path, bank = jax.tree_util.keystr(leaves[i][0]), leaves[i][1]
+        grid = jnp.linspace(*self.domain, self.n_points, dtype=bank.centers.dtype)
+        reference = self.prune_tol * float(jnp.max(jnp.abs(bank.forward(grid))))
+        view = HostView.read(bank)
+        quiet = self._quiet.setdefault(path, {})
+        live: dict[int, int] = {}
+        due = []
+        for slot in range(view.max_packs):
+            ordinary = int(view.host["modes"][slot]) == SlotMode.ORDINARY
+            if not (bool(view.host["active"][slot]) and ordinary):
+                continue
+            ident = view.slot_id(slot)
+            small = _slot_bound(view.host, bank.base, slot) <= reference
+            live[ident] = quiet.get(ident, 0) + 1 if small else 0
+            if live[ident] >= self.prune_checks:
+                due.append(ident)
+        self._quiet[path] = live
+        for ident in due:
+            bank = leaves[i][1]
+            with transaction(bank) as view:
+                slot = view.positions((ident,))[0]
+                proposal = TransitionProposal(
+                    view.digest,
+                    view.version,
+                    (ident,),
+                    (SlotUpdate("weights", slot, 0.0), SlotUpdate("active", slot, 0)),
+                    REMOVE_NEAR_ZERO,
+                    "near-zero output; the change is bounded by |w|·|s|^n·sup|σ^(n)|",
+                    reference,
+                )
+                score = _slot_bound(view.host, bank.base, slot)
+                state, accepted = self._commit_one(
+                    step, leaves, treedef, i, proposal, state, n, score=score, before=value
+                )
+            if accepted:
+                live.pop(ident, None)
+        return state
+
+    def _merge(
+        self, step: int, leaves: list, treedef: Any, i: int, state: Any, n: int, value: float
+    ) -> Any:
+        for _ in range(leaves[i][1].max_packs):
+            bank = leaves[i][1]
+            if not self._collisions(bank):
+                break
+            found = detect_transitions(bank, lambda b: -len(self._collisions(b)))
+            if not found:
+                break
+            proposal = found[0]
+            with transaction(bank) as view:
+                first, second = view.positions(proposal.slot_ids)
+                scale = float(view.host["scales"][first])
+                gap = abs(scale * (view.host["centers"][first] - view.host["centers"][second]))
+                state, accepted = self._commit_one(
+                    step, leaves, treedef, i, proposal, state, n,
+                    score=float(gap), before=value, unchanged=True,
+                )  # fmt: skip
+            if not accepted:
+                break
+        return state
+
+    def _collisions(self, bank: ConfluentPackBank) -> list[tuple[int, int]]:
+        """Pairs of ordinary order-0 atoms with one input slope, `merge_distance` apart."""
+        host = HostView.read(bank).host
+        live = np.flatnonzero(
+            host["active"] & (host["modes"] == SlotMode.ORDINARY) & (host["orders"] == 0)
+        )
+        pairs = []
+        for a, first in enumerate(live):
+            for second in live[a + 1 :]:
+                scale = host["scales"][first]
+                if scale != host["scales"][second] or scale == 0:
+                    continue
+                gap = abs(scale * (host["centers"][first] - host["centers"][second]))
+                if gap <= self.merge_distance:
+                    pairs.append((int(first), int(second)))
+        return pairs
+
+    def _grow(
+        self, step: int, leaves: list, treedef: Any, banks: list[int], state: Any, value: float
+    ) -> Any:
+        previous = self._previous  # the lowest objective since the last birth
+        self._previous = value if previous is None else min(previous, value)
+        self._since_birth += 1
+        if self._stopped or previous is None or previous - value > self.plateau * abs(previous):
+            return state  # stopped, no reference yet, or still improving
+        # A newborn gets two checks to pay off before the policy judges it.
+        if self._at_birth is not None and self._since_birth >= 2:
+            lowest = min(previous, value)
+            gain = (self._at_birth - lowest) / abs(self._at_birth) if self._at_birth else 0.0
+            if gain < self.stop_tol:
+                self._stopped = True
+                self.events.append(
+                    TransitionEvent(
+                        int(step), "", STOP_GROWING, (), True, 0.0, value, value, float(gain)
+                    )
+                )
+                return state
+        best: tuple[float, int, int, int] | None = None  # (score, bank leaf, slot, candidate)
+        for i in banks:
+            bank = leaves[i][1]
+            host = HostView.read(bank).host
+            free = np.flatnonzero(~host["active"])
+            limit = bank.max_packs if self.max_active is None else self.max_active
+            if free.size == 0 or int(np.sum(host["active"])) >= limit:
+                continue
+            scores = self._scorer.scores(self.objective, leaves, treedef, i)
+            j = int(np.argmax(scores))
+            if best is None or scores[j] > best[0]:
+                best = (float(scores[j]), i, int(free[0]), j)
+        if best is None or not best[0] > 0:
+            return state
+        score, i, slot, j = best
+        pool = self.candidates
+        pack = RefinedPack(
+            int(pool["orders"][j]), float(pool["centers"][j]), 0.0, float(pool["scales"][j])
+        )
+        bank = leaves[i][1]
+        with transaction(bank):
+            proposal = bank.propose_birth(slot, pack)
+            state, accepted = self._commit_one(
+                step, leaves, treedef, i, proposal, state, len(banks),
+                score=score, before=value, unchanged=True,
+            )  # fmt: skip
+        if accepted:
+            self._at_birth = self._previous = value
+            self._since_birth = 0
+        return state

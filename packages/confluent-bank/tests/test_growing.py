@@ -1,0 +1,262 @@
+"""TransitionHook.growing: the library's own birth, merge, removal and stop decisions."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import confluent_bank as cb
+
+optax = pytest.importorskip("optax")
+import confluent_bank.optax as cbo  # noqa: E402
+
+DOMAIN = (-3.0, 3.0)
+X = jnp.linspace(*DOMAIN, 61)
+SCALE = 2.0
+
+
+def _target(center):
+    return 0.7 * jax.nn.sigmoid(SCALE * (X - center))
+
+
+def _objective(target):
+    return lambda bank: jnp.mean((bank.forward(X) - target) ** 2)
+
+
+def _bank(packs, capacity=6):
+    return cb.init_confluent_bank(packs, max_packs=capacity, max_order=2)
+
+
+def _adam_state(bank):
+    return optax.adam(1e-2).init(bank.parameters)
+
+
+def _check(hook, bank, steps):
+    """Call the hook at `steps` without training in between; returns the bank."""
+    state = _adam_state(bank)
+    for step in steps:
+        bank, state = hook.between_steps(step, bank, state)
+    return bank
+
+
+ZERO_PAIR = [cb.RefinedPack(0, -2.9, 0.0, 1.0), cb.RefinedPack(0, 2.9, 0.0, 1.0)]
+
+
+def test_birth_is_at_the_grid_point_nearest_the_missing_atom():
+    # The residual is exactly one candidate-shaped atom centred at 0.43; the grid has a
+    # point at 0.45 (41 points over (-3, 3)), so that candidate is the best aligned.
+    hook = cb.TransitionHook.growing(
+        _objective(_target(0.43)), DOMAIN, every=1, plateau=np.inf, scales=(SCALE,)
+    )
+    bank = _check(hook, _bank(ZERO_PAIR), [1, 2])
+    (event,) = hook.events
+    assert (event.kind, event.accepted, event.slots) == ("zero_output_birth", True, (2,))
+    assert float(bank.centers[2]) == pytest.approx(0.45)
+    assert float(bank.scales[2]) == SCALE and float(bank.weights[2]) == 0.0
+
+
+def test_birth_score_is_the_normalised_weight_gradient():
+    objective = _objective(_target(0.43))
+    hook = cb.TransitionHook.growing(objective, DOMAIN, every=1, plateau=np.inf, scales=(SCALE,))
+    start = _bank(ZERO_PAIR)
+    bank = _check(hook, start, [1, 2])
+    center = float(bank.centers[2])
+
+    def with_weight(w):  # the born atom with weight w, built by hand
+        return dataclasses.replace(
+            start,
+            centers=start.centers.at[2].set(center),
+            scales=start.scales.at[2].set(SCALE),
+            weights=start.weights.at[2].set(w),
+            active=start.active.at[2].set(True),
+        )
+
+    gradient = jax.grad(lambda w: objective(with_weight(w)))(0.0)
+    grid = jnp.linspace(*DOMAIN, hook.n_points)
+    norm = jnp.sqrt(jnp.mean(jax.nn.sigmoid(SCALE * (grid - center)) ** 2))
+    assert hook.events[0].score == pytest.approx(float(abs(gradient) / norm), rel=1e-9)
+
+
+def test_colliding_atoms_are_merged_into_a_pair():
+    packs = [cb.RefinedPack(0, 0.0, 1.0, 1.0), cb.RefinedPack(0, 0.01, -0.5, 1.0)]
+    hook = cb.TransitionHook.growing(_objective(_target(0.0)), DOMAIN, every=1, max_active=2)
+    start = _bank(packs)
+    bank = _check(hook, start, [1])
+    (event,) = hook.events
+    assert (event.kind, event.accepted, event.slots) == ("centered_pair", True, (0, 1))
+    assert event.score == pytest.approx(0.01)
+    assert int(bank.modes[0]) == cb.SlotMode.PAIR and not bool(bank.active[1])
+    assert event.max_change <= 1e-13  # a pair merge is exact
+
+
+def test_far_apart_atoms_are_not_merged():
+    packs = [cb.RefinedPack(0, 0.0, 1.0, 1.0), cb.RefinedPack(0, 0.5, -0.5, 1.0)]
+    hook = cb.TransitionHook.growing(_objective(_target(0.0)), DOMAIN, every=1, max_active=2)
+    _check(hook, _bank(packs), [1])
+    assert hook.events == []
+
+
+def test_an_atom_near_zero_for_prune_checks_checks_is_removed():
+    packs = [cb.RefinedPack(0, 0.0, 1.0, 1.0), cb.RefinedPack(0, 1.0, 1e-7, 1.0)]
+    hook = cb.TransitionHook.growing(
+        _objective(_target(0.0)), DOMAIN, every=1, max_active=2, prune_checks=2
+    )
+    start = _bank(packs)
+    once = _check(hook, start, [1])
+    assert hook.events == [] and bool(once.active[1])
+    bank = _check(hook, once, [2])
+    event = hook.events[0]  # the freed slot may then take a birth
+    assert (event.kind, event.accepted, event.slots) == ("remove_near_zero", True, (1,))
+    assert event.score == pytest.approx(1e-7)
+    assert float(bank.weights[1]) == 0.0 and int(bank.transition_version) >= 1
+    assert 0 < event.max_change <= event.score
+
+
+def test_growth_stops_when_the_last_birth_did_not_improve_the_objective():
+    # Without training between checks the objective never improves: one birth fills
+    # max_active, and two checks later the policy judges it and stops.
+    hook = cb.TransitionHook.growing(
+        _objective(_target(0.43)), DOMAIN, every=1, max_active=3, scales=(SCALE,), prune_checks=9
+    )
+    bank = _check(hook, _bank(ZERO_PAIR), [1, 2, 3, 4])
+    kinds = [event.kind for event in hook.events]
+    assert kinds == ["zero_output_birth", "stop_growing"]
+    assert hook.stopped and hook.events[1].score == 0.0 and hook.events[1].step == 4
+    hook.max_active = 6  # room again, but a stopped policy births nothing
+    _check(hook, bank, [5, 6])
+    assert len(hook.events) == 2
+
+
+def test_no_check_between_multiples_of_every():
+    hook = cb.TransitionHook.growing(_objective(_target(0.43)), DOMAIN, every=5, plateau=np.inf)
+    _check(hook, _bank(ZERO_PAIR), [1, 2, 3, 4, 6, 7])
+    assert hook.events == [] and hook.state_dict()["previous"] is None
+
+
+def test_events_are_json_serialisable_with_their_scores():
+    hook = cb.TransitionHook.growing(_objective(_target(0.43)), DOMAIN, every=1, plateau=np.inf)
+    _check(hook, _bank(ZERO_PAIR), [1, 2])
+    data = json.loads(json.dumps(dataclasses.asdict(hook.events[0])))
+    assert data["score"] == hook.events[0].score > 0
+    assert cb.TransitionEvent(**data) == hook.events[0]
+
+
+@pytest.fixture(scope="module")
+def training():
+    """A 2-atom bank fitting a curve with Adam, checked every 10 steps: a growing run."""
+    target = 0.5 * jnp.tanh(X) + 0.2 * jnp.exp(-(X**2))
+    objective = _objective(target)
+    optimizer = cbo.row_warmup(optax.adam(3e-2), steps=10)
+    traces = []
+
+    @jax.jit
+    def step(bank, state):
+        traces.append(1)
+        params = bank.parameters
+        grads = jax.grad(lambda p: objective(bank.with_parameters(p)))(params)
+        updates, state = optimizer.update(grads, state, params)
+        return bank.with_parameters(optax.apply_updates(params, updates)), state
+
+    def run(hook, bank, state, steps):
+        for i in steps:
+            bank, state = step(bank, state)
+            bank, state = hook.between_steps(i, bank, state)
+        return bank, state
+
+    def make_hook():
+        return cb.TransitionHook.growing(jax.jit(objective), DOMAIN, every=10, plateau=0.5)
+
+    bank = _bank([cb.RefinedPack(0, -1.0, 0.0, 1.0), cb.RefinedPack(0, 1.0, 0.0, 1.0)], 8)
+    return run, make_hook, bank, optimizer.init(bank.parameters), traces
+
+
+def test_a_grown_run_resumes_from_the_bank_checkpoint_and_the_hook_state(training, tmp_path):
+    run, make_hook, bank, state, _ = training
+    hook = make_hook()
+    bank, state = run(hook, bank, state, range(1, 61))
+    assert any(e.kind == "zero_output_birth" for e in hook.events)
+    cb.save_checkpoint(tmp_path / "bank.json", bank)
+    saved = json.dumps(hook.state_dict())
+    ahead, _ = run(hook, bank, state, range(61, 121))
+
+    resumed = make_hook()
+    resumed.load_state_dict(json.loads(saved))
+    again, _ = run(resumed, cb.load_checkpoint(tmp_path / "bank.json"), state, range(61, 121))
+    assert resumed.events == hook.events
+    for name in cb.STATE_NAMES:
+        assert np.array_equal(np.asarray(getattr(again, name)), np.asarray(getattr(ahead, name)))
+
+
+def test_growth_never_recompiles_the_training_step(training):
+    run, make_hook, bank, state, traces = training
+    traces.clear()
+    hook = make_hook()
+    grown, _ = run(hook, bank, state, range(1, 61))
+    births = [e for e in hook.events if e.kind == "zero_output_birth" and e.accepted]
+    assert births and int(np.sum(np.asarray(grown.active))) > 2
+    assert len(traces) <= 1  # at most the first compilation; none for a commit
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"every": 0}, "every must be a positive integer"),
+        ({"max_active": -1}, "max_active must be a positive integer"),
+        ({"plateau": -0.1}, "plateau must be a finite number >= 0"),
+        ({"stop_tol": float("nan")}, "stop_tol must be a finite number >= 0"),
+        ({"scales": (1.0, 0.0)}, "scales must be finite numbers > 0"),
+        ({"orders": (-1,)}, "orders must be integers >= 0"),
+        ({"prune_checks": 0}, "prune_checks must be a positive integer"),
+    ],
+)
+def test_growing_refuses_bad_options(options, match):
+    with pytest.raises(ValueError, match=match):
+        cb.TransitionHook.growing(_objective(_target(0.0)), DOMAIN, **options)
+
+
+def test_growing_needs_a_callable_objective_and_a_wide_domain():
+    with pytest.raises(TypeError, match="objective must be callable"):
+        cb.TransitionHook.growing("loss", DOMAIN)
+    with pytest.raises(ValueError, match="lo < hi"):
+        cb.TransitionHook.growing(_objective(_target(0.0)), (1.0, 1.0))
+
+
+def test_load_state_dict_refuses_a_foreign_state():
+    hook = cb.TransitionHook.growing(_objective(_target(0.0)), DOMAIN)
+    with pytest.raises(ValueError, match="state_dict"):
+        hook.load_state_dict({"events": []})
+
+
+FLOAT32_CHILD = """
+import json, jax, jax.numpy as jnp, numpy as np, optax
+import confluent_bank as cb
+assert not jax.config.jax_enable_x64
+X = jnp.linspace(-3, 3, 61)
+Y = 0.7 * jax.nn.sigmoid(2.0 * (X - 0.43))
+packs = [cb.RefinedPack(0, -2.9, 0.0), cb.RefinedPack(0, 2.9, 0.0)]
+bank = cb.init_confluent_bank(packs, max_packs=6, max_order=2)
+objective = lambda b: jnp.mean((b.forward(X) - Y) ** 2)
+hook = cb.TransitionHook.growing(objective, (-3.0, 3.0), every=1, plateau=np.inf, scales=(2.0,))
+state = optax.adam(1e-2).init(bank.parameters)
+for step in (1, 2):
+    bank, state = hook.between_steps(step, bank, state)
+print(json.dumps({"center": float(bank.centers[2]), "dtype": str(bank.centers.dtype),
+                  "kind": hook.events[0].kind, "score": hook.events[0].score}))
+"""
+
+
+def test_growing_works_in_float32():
+    # x64 is on in this process; the float32 facts are measured in a fresh one.
+    env = {**os.environ, "JAX_ENABLE_X64": "0", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(
+        [sys.executable, "-c", FLOAT32_CHILD], capture_output=True, text=True, env=env, check=True
+    )
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert facts["dtype"] == "float32" and facts["kind"] == "zero_output_birth"
+    assert facts["center"] == pytest.approx(0.45, abs=1e-6) and facts["score"] > 0
