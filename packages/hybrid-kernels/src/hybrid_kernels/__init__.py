@@ -36,6 +36,7 @@ from hybrid_kernels._kernels import (
     predict_bucket_obs,
 )
 from hybrid_kernels._losses import bal_mle, bal_mse, masked_mle, masked_mse, resolve_loss_fn
+from hybrid_kernels._objective import Objective, build_objective
 from hybrid_kernels._penalties import (
     PenaltyPointSource,
     bound_penalty,
@@ -115,6 +116,7 @@ __all__ = [
     "LogUI",
     "LossHistory",
     "NonFiniteTrainingError",
+    "Objective",
     "OptaxTrainingConfig",
     "PenaltyPointSource",
     "RecordingUI",
@@ -135,6 +137,7 @@ __all__ = [
     "bucket_weights",
     "build_apply_update",
     "build_bucket_step",
+    "build_objective",
     "build_penalty_step",
     "build_score_bucket",
     "combine_bucket_grads",

@@ -110,7 +110,19 @@ def make_tail(apply_update: Callable[..., tuple[Any, Any]]) -> Callable[..., Any
     """The jitted end of a step for one optimiser's `apply_update`."""
 
     @eqx.filter_jit
-    def tail(carry, losses, grads, failed, row_weights, steps, weights, penalty, pen_grads, best):
+    def tail(
+        carry,
+        losses,
+        grads,
+        failed,
+        row_weights,
+        steps,
+        weights,
+        penalty,
+        pen_grads,
+        best,
+        objective,
+    ):
         loss, combined = combine_bucket_grads(losses, grads, weights)
         # Under throw=False a step whose every experiment failed has loss and gradient 0: it
         # measured nothing, so it is a non-finite step (skipped, never the best), not a perfect one.
@@ -120,7 +132,13 @@ def make_tail(apply_update: Callable[..., tuple[Any, Any]]) -> Callable[..., Any
         else:
             penalty = jnp.zeros((), loss.dtype)
         finite = jnp.isfinite(loss) & jnp.isfinite(penalty) & _all_finite(combined)
-        updated, new_state = apply_update(carry.predictors, combined, carry.opt_state)
+        if objective is None:
+            updated, new_state = apply_update(carry.predictors, combined, carry.opt_state)
+        else:  # a line search: it is given the objective this step descends, and its value
+            value = loss + objective.penalty_weight.astype(loss.dtype) * penalty
+            updated, new_state = apply_update(
+                carry.predictors, combined, carry.opt_state, value=value, value_fn=objective
+            )
         if best:
             # The best snapshot is the pre-update parameters: `loss` was measured there.
             carry = improve(carry, carry.predictors, loss, finite)
@@ -188,6 +206,7 @@ def take_step(
         penalty,
         pen_grads,
         best_on_loss,
+        engine.objective(payloads, inputs) if opt.uses_objective else None,
     )
 
 
