@@ -73,7 +73,7 @@ def _mask(objective: Objective, predictors: Any) -> Any:
 @eqx.filter_jit
 def _call(objective: Objective, predictors: Any) -> Array:
     diff, static = eqx.partition(predictors, _mask(objective, predictors))
-    return _value(diff, static=static, objective=objective)
+    return _value(diff, static, objective)
 
 
 def _any_solved(failed: list[Array], payloads: tuple[Any, ...]) -> Array:
@@ -82,7 +82,7 @@ def _any_solved(failed: list[Array], payloads: tuple[Any, ...]) -> Array:
 
 
 @eqx.filter_custom_jvp
-def _value(diff, *, static, objective):
+def _value(diff, static, objective):
     """The value, forward only: each bucket scored once, no backward pass."""
     predictors = eqx.combine(diff, static)
     o = objective
@@ -101,8 +101,11 @@ def _value(diff, *, static, objective):
 
 
 @_value.def_jvp
-def _value_jvp(primals, tangents, *, static, objective):
-    (diff,), (t_diff,) = primals, tangents
+def _value_jvp(primals, tangents):
+    # Only the trainable leaves (`diff`) have a gradient: tangents of frozen leaves and of
+    # the data are ignored, as the trainer's partition ignores them.
+    diff, static, objective = primals
+    t_diff = tangents[0]
     value, grads = value_and_grad(objective, eqx.combine(diff, static))
     is_none = lambda x: x is None  # noqa: E731
     g_leaves = jax.tree_util.tree_leaves(grads, is_leaf=is_none)
