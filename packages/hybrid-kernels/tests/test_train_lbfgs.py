@@ -54,3 +54,12 @@ def test_progress_counts_one_step_per_lbfgs_update(dataset):
     assert steps == list(range(ADAM_STEPS + LBFGS_STEPS))
     assert len(history) == ADAM_STEPS + LBFGS_STEPS
     assert history.phase_starts == [0, ADAM_STEPS]
+
+
+def test_a_chain_ending_in_a_backtracking_line_search_descends_after_adam(dataset):
+    line_search = optax.chain(
+        optax.sgd(1.0), optax.scale_by_backtracking_linesearch(max_backtracking_steps=20)
+    )
+    history, _ = fit(dataset, line_search)
+    assert len(history) == ADAM_STEPS + LBFGS_STEPS
+    assert history[-1] < 0.1 * history[ADAM_STEPS - 1]
