@@ -22,6 +22,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import optax
 from jaxtyping import Array, Float
 
 from hybrid_kernels._dtypes import default_float
@@ -136,6 +137,25 @@ def value_and_grad(objective: Objective, predictors: Any) -> tuple[Array, Any]:
         total = total + (o.penalty_weight * pen).astype(total.dtype)
         combined = jax.tree.map(jnp.add, combined, pen_grads)
     return total, combined
+
+
+@eqx.filter_jit
+def value_and_grad_from_state(objective: Objective, predictors: Any, opt_state: Any) -> tuple:
+    """The value and gradient a line search stored in `opt_state` for `predictors` (computed
+    afresh when it holds none), split as a step reports them:
+    `(loss, grads, penalty, penalty_grads)`, with the penalty's gradient already in `grads`
+    (`penalty_grads` is zeros) and `penalty`, `penalty_grads` `None` when it is off."""
+    diff, static = eqx.partition(predictors, _mask(objective, predictors))
+
+    def value_fn(d: Any) -> Array:
+        return objective(eqx.combine(d, static))
+
+    value, grads = optax.value_and_grad_from_state(value_fn)(diff, state=opt_state)
+    if objective.penalty_fn is None:
+        return value, grads, None, None
+    pen = objective.penalty_fn(predictors, objective.points)
+    loss = value - (objective.penalty_weight * pen).astype(value.dtype)
+    return loss, grads, pen, jax.tree.map(jnp.zeros_like, grads)
 
 
 def make_objective(

@@ -31,7 +31,7 @@ from hybrid_kernels._kernels import (
     build_score_bucket,
 )
 from hybrid_kernels._losses import resolve_loss_fn
-from hybrid_kernels._objective import Objective, make_objective
+from hybrid_kernels._objective import Objective, make_objective, value_and_grad_from_state
 from hybrid_kernels._penalties import bound_penalty
 from hybrid_kernels._training._step import any_solved, make_tail, set_learning_rate
 from hybrid_kernels._training.config import OPTIMIZER_REGISTRY, OptaxTrainingConfig
@@ -55,6 +55,7 @@ class Optimizer(NamedTuple):
     apply_update: Callable[..., Any]
     tail: Callable[..., Any]
     uses_objective: bool
+    stores_value: bool
 
 
 _MODEL_KERNELS: collections.OrderedDict[Any, Any] = collections.OrderedDict()
@@ -128,6 +129,8 @@ class Engine:
         self.penalty_fn = bound_penalty if config.penalty_fn is None else config.penalty_fn
         self._objective_for: Any = None
         self._objective: Objective | None = None
+        self._stored: tuple[Any, Any, Any] | None = None
+        self._throw = bool(solver.throw)
         self.penalty_step = _cached(
             _PENALTY_KERNELS,
             (self.penalty_fn, self._mask_key),
@@ -163,8 +166,40 @@ class Engine:
             injectable,
             apply_update,
             make_tail(apply_update),
-            calls_value_fn(transformation),
+            *calls_value_fn(transformation),
         )
+
+    def stored_step(self, opt: Optimizer, carry: Any, objective: Any) -> tuple | None:
+        """The arguments of `opt.tail` read from the line search's state, when it holds the
+        value and gradient at `carry.predictors` for `objective` (it does after each of its
+        own updates, unless a hook, a phase change or a resume replaced the parameters or
+        the state since); `None` when the bucket steps must run.
+
+        Only with `throw=True` solves, where no row can fail silently: this step reports no
+        per-row failures and no solver effort (the line search measured them)."""
+        last = self._stored
+        if not (opt.stores_value and self._throw and last is not None):
+            return None
+        if not (
+            carry.predictors is last[0] and carry.opt_state is last[1] and objective is last[2]
+        ):
+            return None
+        loss, grads, pen, pen_grads = value_and_grad_from_state(
+            objective, carry.predictors, carry.opt_state
+        )
+        payloads = objective.payloads
+        failed = tuple(jnp.zeros(bp.ts.shape[:1], bool) for bp in payloads)
+        unknown = tuple(jnp.full((bp.ts.shape[0], 2), -1, jnp.int32) for bp in payloads)
+        row_weights = tuple(bp.row_weights for bp in payloads)
+        one = jnp.ones((1,), objective.weights.dtype)
+        return (loss,), (grads,), failed, row_weights, unknown, one, pen, pen_grads
+
+    def remember(self, opt: Optimizer, out: tuple[Any, Any], objective: Any) -> tuple[Any, Any]:
+        """Note the carry a line-search update returned (see `stored_step`); returns `out`."""
+        if opt.stores_value:
+            carry = out[0]
+            self._stored = (carry.predictors, carry.opt_state, objective)
+        return out
 
     def objective(self, payloads: tuple[Any, ...], inputs: Any) -> Objective:
         """The objective a step with `inputs` descends, for optimisers that call `value_fn`;
@@ -214,11 +249,13 @@ def _sizes(factory: Callable[..., Any]) -> tuple[str, ...]:
     )
 
 
-def calls_value_fn(transformation: optax.GradientTransformation) -> bool:
+def calls_value_fn(transformation: optax.GradientTransformation) -> tuple[bool, bool]:
     """Whether `transformation.update` calls `value_fn` (a line search), found by one abstract
-    update on a small trial parameter; the objective is built only for those that do."""
+    update on a small trial parameter (the objective is built only for those that do), and
+    whether its state then stores the value and gradient it found (as
+    `optax.value_and_grad_from_state` reads them)."""
     if not isinstance(transformation, optax.GradientTransformationExtraArgs):
-        return False
+        return False, False
     called = []
 
     def value_fn(p: Any) -> jax.Array:
@@ -235,10 +272,14 @@ def calls_value_fn(transformation: optax.GradientTransformation) -> bool:
         )
 
     try:
-        jax.eval_shape(trial)
+        _, state = jax.eval_shape(trial)
     except Exception:  # a transformation that cannot run on the trial: not a line search
-        return False
-    return bool(called)
+        return False, False
+    try:
+        stored = all(optax.tree_utils.tree_get(state, k) is not None for k in ("value", "grad"))
+    except KeyError:  # several values: not a state value_and_grad_from_state can read
+        stored = False
+    return bool(called), bool(called) and stored
 
 
 @eqx.filter_jit

@@ -183,6 +183,11 @@ def take_step(
     every bucket's per-row failure flags, concatenated in bucket order, and `effort` is the
     solver effort `[B, 4]` (see `_solver_effort`).
     """
+    objective = engine.objective(payloads, inputs) if opt.uses_objective else None
+    stored = engine.stored_step(opt, carry, objective)
+    if stored is not None:  # a line search already evaluated these parameters
+        out = opt.tail(carry, *stored, best_on_loss, objective)
+        return engine.remember(opt, out, objective)
     predictors = carry.predictors
     losses, grads, failed, steps = [], [], [], []
     for bp in payloads:
@@ -195,7 +200,7 @@ def take_step(
         penalty, pen_grads = engine.penalty_step(predictors, inputs.penalty_weight, inputs.points)
     else:  # a zero weight is exactly "off": no penalty kernel runs at all
         penalty, pen_grads = None, None
-    return opt.tail(
+    out = opt.tail(
         carry,
         tuple(losses),
         tuple(grads),
@@ -206,8 +211,9 @@ def take_step(
         penalty,
         pen_grads,
         best_on_loss,
-        engine.objective(payloads, inputs) if opt.uses_objective else None,
+        objective,
     )
+    return engine.remember(opt, out, objective)
 
 
 def _solver_effort(steps: tuple[jax.Array, ...], row_weights: tuple[jax.Array, ...]) -> jax.Array:
