@@ -63,3 +63,22 @@ def test_a_chain_ending_in_a_backtracking_line_search_descends_after_adam(datase
     history, _ = fit(dataset, line_search)
     assert len(history) == ADAM_STEPS + LBFGS_STEPS
     assert history[-1] < 0.1 * history[ADAM_STEPS - 1]
+
+
+def test_lbfgs_steps_after_the_first_reuse_the_line_searchs_value(dataset, monkeypatch):
+    from hybrid_kernels._training import _engine
+
+    reused = []
+    stored_step = _engine.Engine.stored_step
+
+    def spy(self, *args):
+        out = stored_step(self, *args)
+        reused.append(out is not None)
+        return out
+
+    monkeypatch.setattr(_engine.Engine, "stored_step", spy)
+    history, _ = fit(dataset, "lbfgs")
+    # The compile step, the Adam steps and the first L-BFGS step run the bucket steps.
+    assert reused.count(True) == LBFGS_STEPS - 1
+    assert reused[-(LBFGS_STEPS - 1) :] == [True] * (LBFGS_STEPS - 1)
+    assert all(np.isfinite(history[ADAM_STEPS:]))
