@@ -355,3 +355,38 @@ def rate_train(dataset: Any, config: Any, start: Any = None, **kwargs: Any):
         solver=RATE_SOLVER,
         **kwargs,
     )
+
+
+# --- a two-parameter decay, fitted to the truth (L-BFGS) -------------------------------------
+
+
+class Decay(eqx.Module):
+    """`y = a · exp(-k t)`: the rate and the initial amplitude, both trained."""
+
+    k: jax.Array
+    a: jax.Array
+
+
+def amplitude_simulate(predictors, ts, covariates, y0, solver):
+    (m,) = predictors
+    term = diffrax.ODETerm(lambda t, y, args: -m.k * y)
+    return solver.diffeqsolve(term, ts, m.a * y0).ys
+
+
+TIGHT = hk.SolverConfig(solver=diffrax.Tsit5(), rtol=1e-10, atol=1e-12, dt0=0.05, max_steps=256)
+
+
+def amplitude_dataset(k: float = 0.7, a: float = 2.0) -> hk.Dataset:
+    """Two noise-free experiments of `a · exp(-k t)`, twelve points each (one bucket)."""
+    exps = []
+    for i, t1 in enumerate((2.0, 3.0)):
+        ts = np.linspace(0.0, t1, 12)
+        exps.append(
+            hk.make_experiment(
+                covariates={},
+                channels={"y": hk.ChannelObs(ts, a * np.exp(-k * ts), 0.01)},
+                y0_fn=lambda c, ch: np.ones(1),
+                exp_id=f"amp{i}",
+            )
+        )
+    return hk.make_dataset(exps, output_channel_names=["y"])

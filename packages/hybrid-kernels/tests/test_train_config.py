@@ -94,12 +94,53 @@ def test_optimizer_that_is_neither_name_factory_nor_transformation_raises():
         cfg(optimizer=(3,))
 
 
+def test_lbfgs_is_a_known_name():
+    assert cfg(optimizer=("L-BFGS".replace("-", ""),)).optimizer == ("lbfgs",)
+
+
+def test_objective_optimizers_are_accepted_as_instance_and_factory():
+    line_search = optax.chain(optax.sgd(1.0), optax.scale_by_backtracking_linesearch(15))
+    c = cfg(steps=(1, 1, 1), optimizer=(optax.lbfgs(), optax.lbfgs, line_search))
+    assert c.optimizer[1] is optax.lbfgs
+
+
+def test_factory_without_learning_rate_is_refused_with_a_message():
+    def no_rate(memory_size=10):
+        return optax.lbfgs(memory_size=memory_size)
+
+    with pytest.raises(ValueError, match=r"optimizer\[0\].*cannot be called as.*learning_rate"):
+        cfg(optimizer=(no_rate,))
+
+
+def test_factory_that_does_not_build_a_transformation_is_refused_with_a_message():
+    with pytest.raises(ValueError, match=r"optimizer\[0\].*returned float, not an optax"):
+        cfg(optimizer=(lambda learning_rate: learning_rate,))
+
+
+def test_factory_that_fails_when_called_is_refused_with_its_error():
+    def broken(learning_rate):
+        raise RuntimeError("no such optimiser")
+
+    with pytest.raises(ValueError, match=r"optimizer\[0\].*failed.*no such optimiser"):
+        cfg(optimizer=(broken,))
+
+
 # --- optimiser switch rules --------------------------------------------------------------
 
 
-def test_switching_optimizer_without_reset_raises():
+def test_switching_optimizer_resets_its_state_by_default():
+    c = cfg(steps=(2, 2, 2), optimizer=("adamw", "adabelief", "adabelief"))
+    assert c.reset_optimiser_state == (False, True, False)
+
+
+def test_none_entries_reset_where_the_optimizer_changes():
+    c = cfg(steps=(2, 2, 2), optimizer=("adam", "adam", "lbfgs"), reset_optimiser_state=(None,) * 3)
+    assert c.reset_optimiser_state == (False, False, True)
+
+
+def test_keeping_state_across_an_optimizer_change_when_asked_explicitly_raises():
     with pytest.raises(ValueError, match=r"phase 1 changes optimizer.*reset_optimiser_state\[1\]"):
-        cfg(steps=(2, 2), optimizer=("adamw", "adabelief"))
+        cfg(steps=(2, 2), optimizer=("adamw", "adabelief"), reset_optimiser_state=(False, False))
 
 
 def test_switching_optimizer_with_reset_is_allowed():

@@ -45,6 +45,7 @@ from hybrid_kernels._losses import (
     masked_mse,
     resolve_loss_fn,
 )
+from hybrid_kernels._objective import Objective, build_objective
 from hybrid_kernels._penalties import (
     PenaltyPointSource,
     bound_penalty,
@@ -133,6 +134,7 @@ __all__ = [
     "LogUI",
     "LossHistory",
     "NonFiniteTrainingError",
+    "Objective",
     "OptaxTrainingConfig",
     "PenaltyPointSource",
     "RecordingUI",
@@ -158,6 +160,7 @@ __all__ = [
     "bucket_weights",
     "build_apply_update",
     "build_bucket_step",
+    "build_objective",
     "build_penalty_step",
     "build_score_bucket",
     "combine_bucket_grads",

@@ -251,9 +251,18 @@ def _penalty_step(penalty_fn, trainable, predictors, weight, points):
 
 
 @eqx.filter_jit
-def _apply_update(optimizer, trainable, predictors, grads, opt_state):
-    params = eqx.filter(predictors, trainable)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
+def _apply_update(optimizer, trainable, predictors, grads, opt_state, value=None, value_fn=None):
+    params, frozen = eqx.partition(predictors, trainable)
+    if value_fn is None:
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+    else:
+        # The optimiser sees (and its line search moves) only the trainable leaves.
+        def on_params(p):
+            return value_fn(eqx.combine(p, frozen))
+
+        updates, opt_state = optimizer.update(
+            grads, opt_state, params, value=value, grad=grads, value_fn=on_params
+        )
     return eqx.apply_updates(predictors, updates), opt_state
 
 
@@ -389,15 +398,23 @@ def build_apply_update(
     The single optimiser update per training step. Create the state once with
     `optimizer.init(eqx.filter(predictors, trainable))`; rebuild it only on a reset.
 
+    For an optimiser whose update needs the objective (`optax.lbfgs`, a chain ending in a
+    line search), call `apply_update(predictors, grads, opt_state, value=value,
+    value_fn=objective)`: `value` is the objective at `predictors`, `grads` its gradient, and
+    `objective` a function of the whole predictors such as [`hybrid_kernels.build_objective`][]
+    returns. The optimiser receives `value`, `grad=grads` and `value_fn` restricted to the
+    trainable leaves (the frozen ones held at their values in `predictors`).
+
     **Arguments:**
 
     - `optimizer`: an `optax.GradientTransformation`.
     - `trainable`: the mask, as for [`hybrid_kernels.build_bucket_step`][].
     """
 
-    def run(predictors, grads, opt_state):
-        return _apply_update(
-            optimizer, trainable, *(_strong(x) for x in (predictors, grads, opt_state))
-        )
+    def run(predictors, grads, opt_state, *, value=None, value_fn=None):
+        if (value is None) != (value_fn is None):
+            raise TypeError("apply_update: pass value and value_fn together, or neither")
+        strong = (_strong(x) for x in (predictors, grads, opt_state))
+        return _apply_update(optimizer, trainable, *strong, value, value_fn)
 
     return run

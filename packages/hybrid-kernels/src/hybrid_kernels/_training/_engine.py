@@ -13,6 +13,7 @@ and recompiling, and changing the penalty or the optimiser never recompiles an O
 from __future__ import annotations
 
 import collections
+import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -22,6 +23,7 @@ import jax.numpy as jnp
 import optax
 
 from hybrid_kernels._dispatch import _strong
+from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._kernels import (
     build_apply_update,
     build_bucket_step,
@@ -29,6 +31,7 @@ from hybrid_kernels._kernels import (
     build_score_bucket,
 )
 from hybrid_kernels._losses import resolve_loss_fn
+from hybrid_kernels._objective import Objective, make_objective, value_and_grad_from_state
 from hybrid_kernels._penalties import bound_penalty
 from hybrid_kernels._training._step import any_solved, make_tail, set_learning_rate
 from hybrid_kernels._training.config import OPTIMIZER_REGISTRY, OptaxTrainingConfig
@@ -45,10 +48,14 @@ class Model(NamedTuple):
 
 
 class Optimizer(NamedTuple):
+    """An optimiser spec made ready: `uses_objective` when its update calls `value_fn`."""
+
     transformation: optax.GradientTransformation
     injectable: bool
     apply_update: Callable[..., Any]
     tail: Callable[..., Any]
+    uses_objective: bool
+    stores_value: bool
 
 
 _MODEL_KERNELS: collections.OrderedDict[Any, Any] = collections.OrderedDict()
@@ -120,6 +127,10 @@ class Engine:
         )
         self.bucket_step, self.score_bucket = _cached(_MODEL_KERNELS, model_key, model_kernels)
         self.penalty_fn = bound_penalty if config.penalty_fn is None else config.penalty_fn
+        self._objective_for: Any = None
+        self._objective: Objective | None = None
+        self._stored: tuple[Any, Any, Any] | None = None
+        self._throw = bool(solver.throw)
         self.penalty_step = _cached(
             _PENALTY_KERNELS,
             (self.penalty_fn, self._mask_key),
@@ -140,7 +151,9 @@ class Engine:
         else:
             factory = OPTIMIZER_REGISTRY[spec] if isinstance(spec, str) else spec
             try:
-                transformation = optax.inject_hyperparams(factory)(learning_rate=lr)
+                transformation = optax.inject_hyperparams(factory, static_args=_sizes(factory))(
+                    learning_rate=lr
+                )
             except TypeError as exc:
                 raise ValueError(
                     f"optimizer factory {spec!r} failed when called with learning_rate=; a "
@@ -148,7 +161,64 @@ class Engine:
                 ) from exc
             injectable = True
         apply_update = build_apply_update(transformation, self.trainable)
-        return Optimizer(transformation, injectable, apply_update, make_tail(apply_update))
+        return Optimizer(
+            transformation,
+            injectable,
+            apply_update,
+            make_tail(apply_update),
+            *calls_value_fn(transformation),
+        )
+
+    def stored_step(self, opt: Optimizer, carry: Any, objective: Any) -> tuple | None:
+        """The arguments of `opt.tail` read from the line search's state, when it holds the
+        value and gradient at `carry.predictors` for `objective` (it does after each of its
+        own updates, unless a hook, a phase change or a resume replaced the parameters or
+        the state since); `None` when the bucket steps must run.
+
+        Only with `throw=True` solves, where no row can fail silently: this step reports no
+        per-row failures and no solver effort (the line search measured them)."""
+        last = self._stored
+        if not (opt.stores_value and self._throw and last is not None):
+            return None
+        if not (
+            carry.predictors is last[0] and carry.opt_state is last[1] and objective is last[2]
+        ):
+            return None
+        loss, grads, pen, pen_grads = value_and_grad_from_state(
+            objective, carry.predictors, carry.opt_state
+        )
+        payloads = objective.payloads
+        failed = tuple(jnp.zeros(bp.ts.shape[:1], bool) for bp in payloads)
+        unknown = tuple(jnp.full((bp.ts.shape[0], 2), -1, jnp.int32) for bp in payloads)
+        row_weights = tuple(bp.row_weights for bp in payloads)
+        one = jnp.ones((1,), objective.weights.dtype)
+        return (loss,), (grads,), failed, row_weights, unknown, one, pen, pen_grads
+
+    def remember(self, opt: Optimizer, out: tuple[Any, Any], objective: Any) -> tuple[Any, Any]:
+        """Note the carry a line-search update returned (see `stored_step`); returns `out`."""
+        if opt.stores_value:
+            carry = out[0]
+            self._stored = (carry.predictors, carry.opt_state, objective)
+        return out
+
+    def objective(self, payloads: tuple[Any, ...], inputs: Any) -> Objective:
+        """The objective a step with `inputs` descends, for optimisers that call `value_fn`;
+        built once per phase (per `inputs`)."""
+        if self._objective_for is not inputs:
+            kernel = self.bucket_step
+            self._objective = make_objective(
+                kernel._objective,
+                self.trainable,
+                payloads,
+                inputs.weights,
+                fraction=inputs.fraction,
+                tp_weight=kernel._tp_weight,
+                penalty_fn=self.penalty_fn,
+                penalty_weight=inputs.penalty_weight,
+                points=inputs.points,
+            )
+            self._objective_for = inputs
+        return self._objective
 
     def fresh_opt_state(self, opt: Optimizer, predictors: Any, lr: float) -> Any:
         """A new optimiser state for the trainable leaves of `predictors`, at rate `lr`."""
@@ -165,6 +235,51 @@ class Engine:
         losses, failed = tuple(s[0] for s in scored), tuple(s[1] for s in scored)
         row_weights = tuple(bp.row_weights for bp in payloads)
         return _weighted_sum(losses, failed, row_weights, weights)
+
+
+def _sizes(factory: Callable[..., Any]) -> tuple[str, ...]:
+    """A factory's integer arguments (memory sizes, step counts): passed as they are, since
+    `inject_hyperparams` would make them traced arrays that Python control flow cannot read."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple(
+        p.name for p in parameters if isinstance(p.default, int) and not isinstance(p.default, bool)
+    )
+
+
+def calls_value_fn(transformation: optax.GradientTransformation) -> tuple[bool, bool]:
+    """Whether `transformation.update` calls `value_fn` (a line search), found by one abstract
+    update on a small trial parameter (the objective is built only for those that do), and
+    whether its state then stores the value and gradient it found (as
+    `optax.value_and_grad_from_state` reads them)."""
+    if not isinstance(transformation, optax.GradientTransformationExtraArgs):
+        return False, False
+    called = []
+
+    def value_fn(p: Any) -> jax.Array:
+        called.append(True)
+        return jnp.sum(p["x"] ** 2)
+
+    def trial() -> Any:
+        params = {"x": jnp.ones((2,), default_float())}
+        state = transformation.init(params)
+        value = value_fn(params)
+        called.clear()
+        return transformation.update(
+            params, state, params, value=value, grad=params, value_fn=value_fn
+        )
+
+    try:
+        _, state = jax.eval_shape(trial)
+    except Exception:  # a transformation that cannot run on the trial: not a line search
+        return False, False
+    try:
+        stored = all(optax.tree_utils.tree_get(state, k) is not None for k in ("value", "grad"))
+    except KeyError:  # several values: not a state value_and_grad_from_state can read
+        stored = False
+    return bool(called), bool(called) and stored
 
 
 @eqx.filter_jit

@@ -123,8 +123,13 @@ def step_tail(
     penalty,
     pen_grads,
     best,
+    objective=None,
 ):
-    """The end of a step, traced: combine, update, skip a non-finite step, best-step rule."""
+    """The end of a step, traced: combine, update, skip a non-finite step, best-step rule.
+
+    `objective`: the whole training objective for an optimiser whose update calls `value_fn`
+    (a line search), else `None`.
+    """
     loss, combined = combine_bucket_grads(losses, grads, weights)
     # Under throw=False a step whose every experiment failed has loss and gradient 0: it
     # measured nothing, so it is a non-finite step (skipped, never the best), not a perfect one.
@@ -134,7 +139,13 @@ def step_tail(
     else:
         penalty = jnp.zeros((), loss.dtype)
     finite = jnp.isfinite(loss) & jnp.isfinite(penalty) & _all_finite(combined)
-    updated, new_state = apply_update(carry.predictors, combined, carry.opt_state)
+    if objective is None:
+        updated, new_state = apply_update(carry.predictors, combined, carry.opt_state)
+    else:  # a line search: it is given the objective this step descends, and its value
+        value = loss + objective.penalty_weight.astype(loss.dtype) * penalty
+        updated, new_state = apply_update(
+            carry.predictors, combined, carry.opt_state, value=value, value_fn=objective
+        )
     if best:
         # The best snapshot is the pre-update parameters: `loss` was measured there.
         carry = improve(carry, carry.predictors, loss, finite)
@@ -156,7 +167,19 @@ def make_tail(apply_update: Callable[..., tuple[Any, Any]]) -> Callable[..., Any
     """The jitted end of a step for one optimiser's `apply_update` (see `step_tail`)."""
 
     @eqx.filter_jit
-    def tail(carry, losses, grads, failed, row_weights, steps, weights, penalty, pen_grads, best):
+    def tail(
+        carry,
+        losses,
+        grads,
+        failed,
+        row_weights,
+        steps,
+        weights,
+        penalty,
+        pen_grads,
+        best,
+        objective,
+    ):
         return step_tail(
             apply_update,
             carry,
@@ -169,6 +192,7 @@ def make_tail(apply_update: Callable[..., tuple[Any, Any]]) -> Callable[..., Any
             penalty,
             pen_grads,
             best,
+            objective,
         )
 
     return tail
@@ -251,8 +275,15 @@ def take_step(
     every bucket's per-row failure flags, concatenated in bucket order, and `effort` is the
     solver effort `[B, 4]` (see `_solver_effort`).
     """
-    if inputs.fused:
+    # A line search evaluates the objective through the bucket kernels, so its steps take the
+    # per-bucket path even where an ordinary optimiser's step is one fused program.
+    if inputs.fused and not opt.uses_objective:
         return _take_whole_step(engine, opt, carry, payloads[0], inputs, best_on_loss)
+    objective = engine.objective(payloads, inputs) if opt.uses_objective else None
+    stored = engine.stored_step(opt, carry, objective)
+    if stored is not None:  # a line search already evaluated these parameters
+        out = opt.tail(carry, *stored, best_on_loss, objective)
+        return engine.remember(opt, out, objective)
     predictors = carry.predictors
     losses, grads, failed, steps = [], [], [], []
     for bp in payloads:
@@ -265,7 +296,7 @@ def take_step(
         penalty, pen_grads = engine.penalty_step(predictors, inputs.penalty_weight, inputs.points)
     else:  # a zero weight is exactly "off": no penalty kernel runs at all
         penalty, pen_grads = None, None
-    return opt.tail(
+    out = opt.tail(
         carry,
         tuple(losses),
         tuple(grads),
@@ -276,7 +307,9 @@ def take_step(
         penalty,
         pen_grads,
         best_on_loss,
+        objective,
     )
+    return engine.remember(opt, out, objective)
 
 
 def _solver_effort(steps: tuple[jax.Array, ...], row_weights: tuple[jax.Array, ...]) -> jax.Array:

@@ -8,6 +8,7 @@ where it is written rather than minutes into a run.
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -34,8 +35,11 @@ OPTIMIZER_REGISTRY: dict[str, Callable[..., optax.GradientTransformation]] = {
     "rmsprop": optax.rmsprop,
     "sgd": optax.sgd,
     "yogi": optax.yogi,
+    "lbfgs": optax.lbfgs,
 }
-"""optax optimiser factories by name, each taking `learning_rate`."""
+"""optax optimiser factories by name, each taking `learning_rate`. For `"lbfgs"` (optax's
+L-BFGS with its zoom line search) the rate scales the direction before the line search;
+`1.0` is optax's own default."""
 
 _MONITORS = ("train", "val")
 
@@ -60,7 +64,7 @@ def _finite_nonneg(name: str, value: Any) -> float:
     return number
 
 
-def _normalise_optimizer(index: int, spec: Any) -> OptimizerSpec:
+def _normalise_optimizer(index: int, spec: Any, lr: float) -> OptimizerSpec:
     if isinstance(spec, str):
         name = spec.strip().lower()
         if name not in OPTIMIZER_REGISTRY:
@@ -70,12 +74,42 @@ def _normalise_optimizer(index: int, spec: Any) -> OptimizerSpec:
                 "optax.GradientTransformation"
             )
         return name
-    if isinstance(spec, optax.GradientTransformation) or callable(spec):
+    if isinstance(spec, optax.GradientTransformation):
+        return spec
+    if callable(spec):
+        _check_factory(index, spec, lr)
         return spec
     raise ValueError(
         f"OptaxTrainingConfig.optimizer[{index}]={spec!r} is not a name, a factory taking "
         "learning_rate, or an optax.GradientTransformation"
     )
+
+
+def _check_factory(index: int, factory: Callable[..., Any], lr: float) -> None:
+    """A factory must take `learning_rate` and build an optax transformation (optax's
+    factories only assemble functions, so calling one here is cheap)."""
+    where = f"OptaxTrainingConfig.optimizer[{index}]={factory!r}"
+    try:
+        inspect.signature(factory).bind(learning_rate=lr)
+    except TypeError:
+        raise ValueError(
+            f"{where} is a callable that cannot be called as factory(learning_rate=...); "
+            "pass a factory taking learning_rate (such as optax.adam or optax.lbfgs), a "
+            "ready optax.GradientTransformation, or a name"
+        ) from None
+    except ValueError:  # no signature to read (a builtin): the call below decides
+        pass
+    try:
+        built = factory(learning_rate=lr)
+    except Exception as exc:
+        raise ValueError(
+            f"{where} failed when called with learning_rate={lr}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(built, optax.GradientTransformation):
+        raise ValueError(
+            f"{where} returned {type(built).__name__}, not an optax.GradientTransformation; "
+            "a factory must return one (init and update)"
+        )
 
 
 def _same_optimizer(a: OptimizerSpec, b: OptimizerSpec) -> bool:
@@ -91,20 +125,29 @@ class OptaxTrainingConfig:
     """Configuration of [`train_with_optax`][hybrid_kernels.train_with_optax].
 
     Phase-keyed fields (`steps`, `lr`, `optimizer`, `reset_optimiser_state`, `length_schedule`)
-    hold one entry per phase and never broadcast; `None` for the last three means "the same for
-    every phase" (`"adamw"`, no reset, fraction 1). `penalty_weight` broadcasts from length 1.
+    hold one entry per phase and never broadcast; `None` for the last three means the default
+    for every phase (`"adamw"`, reset where the optimiser changes, fraction 1).
+    `penalty_weight` broadcasts from length 1.
 
     **Arguments:**
 
     - `steps`: optimiser steps per phase, each at least 1. A step is one pass over every bucket
         followed by exactly one update.
     - `lr`: learning rate per phase, finite and non-negative.
-    - `optimizer`: per phase, a name from `OPTIMIZER_REGISTRY`, a factory taking
-        `learning_rate` (wrapped in `optax.inject_hyperparams`, so a phase can move the rate
-        without a rebuild), or a ready `optax.GradientTransformation` (used as given; its rate
-        is baked in). A phase that changes the optimiser must reset its state; a phase that
-        changes `lr` on a ready transformation must too.
-    - `reset_optimiser_state`: per phase, start that phase from a fresh optimiser state.
+    - `optimizer`: per phase, a name from `OPTIMIZER_REGISTRY` (`"lbfgs"` included), a
+        factory taking `learning_rate` (wrapped in `optax.inject_hyperparams`, so a phase can
+        move the rate without a rebuild; its integer arguments stay plain), or a ready
+        `optax.GradientTransformation` (used as given; its rate is baked in). A factory is
+        called once here, and one that does not accept `learning_rate` or does not return a
+        transformation is refused. Optimisers whose update takes `value`, `grad` and
+        `value_fn` (`optax.lbfgs`, chains ending in `optax.scale_by_zoom_linesearch` or
+        `optax.scale_by_backtracking_linesearch`) are given the step's objective (see
+        [`build_objective`][hybrid_kernels.build_objective]); their line search's evaluations
+        are part of one step. A phase that changes `lr` on a ready transformation must reset
+        its state.
+    - `reset_optimiser_state`: per phase, `True` starts that phase from a fresh optimiser
+        state, `False` keeps the previous phase's, and `None` (the default) resets exactly
+        where the optimiser changes. `False` at a change of optimiser is refused.
     - `length_schedule`: per phase, the fraction in `(0, 1]` of each time axis that the loss
         scores (the solve always covers the whole axis). Changing it never recompiles.
     - `penalty_weight`: weight of the once-per-step regulariser, length 1 or one per phase,
@@ -146,7 +189,7 @@ class OptaxTrainingConfig:
     steps: tuple[int, ...]
     lr: tuple[float, ...]
     optimizer: tuple[OptimizerSpec, ...] | None = None
-    reset_optimiser_state: tuple[bool, ...] | None = None
+    reset_optimiser_state: tuple[bool | None, ...] | None = None
     length_schedule: tuple[float, ...] | None = None
     penalty_weight: tuple[float, ...] = (0.0,)
     penalty_points: tuple[Any, ...] | None = None
@@ -187,7 +230,7 @@ class OptaxTrainingConfig:
             "lr": self.lr,
             "optimizer": ("adamw",) * n if self.optimizer is None else self.optimizer,
             "reset_optimiser_state": (
-                (False,) * n if self.reset_optimiser_state is None else self.reset_optimiser_state
+                (None,) * n if self.reset_optimiser_state is None else self.reset_optimiser_state
             ),
             "length_schedule": (1.0,) * n if self.length_schedule is None else self.length_schedule,
         }
@@ -204,9 +247,9 @@ class OptaxTrainingConfig:
         set_(
             self,
             "optimizer",
-            tuple(_normalise_optimizer(i, s) for i, s in enumerate(self.optimizer)),
+            tuple(_normalise_optimizer(i, s, self.lr[i]) for i, s in enumerate(self.optimizer)),
         )
-        set_(self, "reset_optimiser_state", tuple(bool(r) for r in self.reset_optimiser_state))
+        set_(self, "reset_optimiser_state", self._resolve_resets())
         fractions = []
         for i, f in enumerate(self.length_schedule):
             f = float(f)
@@ -285,18 +328,31 @@ class OptaxTrainingConfig:
                 "say where the training state should be saved"
             )
 
+    def _resolve_resets(self) -> tuple[bool, ...]:
+        """`None` entries become "reset where the optimiser changes" (its old state cannot fit
+        the new optimiser); an explicit `False` there is refused."""
+        resets = []
+        for p, r in enumerate(self.reset_optimiser_state):
+            changes = p > 0 and not _same_optimizer(self.optimizer[p - 1], self.optimizer[p])
+            if r is None:
+                resets.append(changes)
+                continue
+            if changes and not r:
+                previous, current = self.optimizer[p - 1], self.optimizer[p]
+                raise ValueError(
+                    f"OptaxTrainingConfig: phase {p} changes optimizer from {previous!r} to "
+                    f"{current!r} but reset_optimiser_state[{p}]=False asks to keep the old "
+                    "state; optimiser state belongs to the optimiser that built it, so set "
+                    f"reset_optimiser_state[{p}] to True or None (None resets on a change)"
+                )
+            resets.append(bool(r))
+        return tuple(resets)
+
     def _check_optimizer_switches(self) -> None:
         for p in range(1, len(self.steps)):
             if self.reset_optimiser_state[p]:
                 continue
-            previous, current = self.optimizer[p - 1], self.optimizer[p]
-            if not _same_optimizer(previous, current):
-                raise ValueError(
-                    f"OptaxTrainingConfig: phase {p} changes optimizer from {previous!r} to "
-                    f"{current!r} but reset_optimiser_state[{p}] is False; optimiser state "
-                    f"belongs to the optimiser that built it, so set "
-                    f"reset_optimiser_state[{p}]=True"
-                )
+            current = self.optimizer[p]
             if isinstance(current, optax.GradientTransformation) and self.lr[p] != self.lr[p - 1]:
                 raise ValueError(
                     f"OptaxTrainingConfig: phase {p} changes lr from {self.lr[p - 1]} to "
