@@ -9,6 +9,7 @@ from __future__ import annotations
 import diffrax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from helpers import Rate, identity_output
 
 import hybrid_kernels as hk
@@ -108,17 +109,161 @@ def test_experiments_with_different_jump_counts_share_one_bucket():
         experiment("none", TS, []),
     ]
     bp, pred = predict(exps)
-    assert bp.jumps.ts.shape == (3, 4)  # padded to the next power of two of 3
+    assert bp.jumps.ts.shape == (3, 8)  # padded to a power of two, at least 8
     for row, exp in enumerate(exps):
         np.testing.assert_allclose(
             pred[row], closed_form(TS, 1.0, list(exp.jumps)), rtol=TOL, atol=TOL
         )
 
 
-def test_jump_counts_are_padded_to_a_power_of_two():
-    assert [hk._jumps.jump_slots(n) for n in (0, 1, 2, 3, 5, 8, 1000)] == [1, 1, 2, 4, 8, 8, 1024]
+def test_jump_counts_are_padded_to_a_power_of_two_of_at_least_eight():
+    counts = (0, 1, 3, 5, 8, 9, 1000, 1461)
+    assert [hk._jumps.jump_slots(n) for n in counts] == [8, 8, 8, 8, 8, 16, 1024, 2048]
 
 
 def test_a_dataset_without_jumps_has_no_jump_arrays():
     bp, _ = predict([experiment("a", TS, [])])
     assert bp.jumps is None
+
+
+# --- gradients, throw=False, traces, dense predictions ---------------------------------------
+
+OBS_JUMPS = [
+    [hk.StateJump(0.5, 0, add=2.0), hk.StateJump(1.0, 0, scale=0.5)],
+    [hk.StateJump(0.2, 0, add=1.0)],
+]
+
+
+def observed(exp_id, jumps, k=K):
+    return hk.make_experiment(
+        covariates={},
+        channels={"y": hk.ChannelObs(TS, closed_form(TS, 1.0, jumps, k=k))},
+        y0_fn=lambda c, ch: np.array([1.0]),
+        exp_id=exp_id,
+        jumps=jumps,
+    )
+
+
+@pytest.fixture(scope="module")
+def fit_bucket():
+    exps = [observed(f"s{i}", j) for i, j in enumerate(OBS_JUMPS)]
+    return hk.make_dataset(exps, output_channel_names=["y"]).bucket_payloads[0]
+
+
+def grad_of(bp, sensitivity, adjoint, k=0.5):
+    solver = hk.SolverConfig(
+        solver=diffrax.Tsit5(),
+        rtol=1e-10,
+        atol=1e-12,
+        max_steps=4096,
+        dt0=None,
+        adjoint=adjoint,
+        sensitivity=sensitivity,
+    )
+    step = hk.build_bucket_step(simulate, identity_output, solver, hk.masked_mse, True)
+    loss, grads = step((Rate(jnp.asarray(k)),), bp, 1.0)
+    return float(loss), float(grads[0].k)
+
+
+def test_forward_and_reverse_sensitivities_give_the_same_gradient(fit_bucket):
+    loss_f, g_f = grad_of(fit_bucket, "forward", diffrax.RecursiveCheckpointAdjoint())
+    loss_r, g_r = grad_of(fit_bucket, "reverse", diffrax.RecursiveCheckpointAdjoint())
+    assert loss_f == pytest.approx(loss_r, rel=1e-10)
+    assert g_f == pytest.approx(g_r, rel=1e-7)
+    h = 1e-5
+    fd = (
+        grad_of(fit_bucket, "forward", diffrax.DirectAdjoint(), 0.5 + h)[0]
+        - grad_of(fit_bucket, "forward", diffrax.DirectAdjoint(), 0.5 - h)[0]
+    ) / (2 * h)
+    assert g_f == pytest.approx(fd, rel=1e-5)
+
+
+def exploding(predictors, ts, covariates, y0, solver):
+    (rate,) = predictors
+    term = diffrax.ODETerm(lambda t, y, a: -rate() * covariates["c"] * y)
+    return solver.diffeqsolve(term, ts, y0).ys
+
+
+def test_throw_false_flags_a_failed_row_and_keeps_the_others_exact():
+    def exp(exp_id, c):
+        return hk.make_experiment(
+            covariates={"c": c},
+            channels={"y": hk.ChannelObs(TS, closed_form(TS, 1.0, BOLUSES))},
+            y0_fn=lambda cv, ch: np.array([1.0]),
+            exp_id=exp_id,
+            jumps=BOLUSES,
+        )
+
+    ds = hk.make_dataset([exp("ok", 1.0), exp("bad", -3000.0)], output_channel_names=["y"])
+    (bp,) = ds.bucket_payloads
+    solver = hk.SolverConfig(
+        solver=diffrax.Tsit5(),
+        rtol=1e-10,
+        atol=1e-12,
+        max_steps=256,
+        dt0=None,
+        adjoint=diffrax.DirectAdjoint(),
+        throw=False,
+    )
+    pred = np.asarray(hk.predict_bucket(TRUE, bp, exploding, identity_output, solver))[..., 0]
+    np.testing.assert_allclose(pred[0], closed_form(TS, 1.0, BOLUSES, k=K), rtol=TOL)
+    assert not np.isfinite(pred[1, -1])  # the segments after the failure are not solved
+    step = hk.build_bucket_step(
+        exploding, identity_output, solver, hk.masked_mse, True, return_status=True
+    )
+    loss, grads, failed = step((Rate(jnp.asarray(K)),), bp, 1.0)
+    np.testing.assert_array_equal(failed, [False, True])
+    assert hk.failed_exp_ids(ds, [failed]) == ("bad",)
+    assert float(loss) == pytest.approx(0.0, abs=1e-14) and np.isfinite(float(grads[0].k))
+
+
+TRACES = {"n": 0}
+
+
+def counting(predictors, ts, covariates, y0, solver):
+    TRACES["n"] += 1
+    return simulate(predictors, ts, covariates, y0, solver)
+
+
+def test_datasets_with_3_and_5_jumps_per_row_share_one_compiled_shape():
+    def dataset(n_jumps, seed):
+        rng = np.random.default_rng(seed)
+        exps = []
+        for i in range(2):
+            times = np.sort(rng.uniform(0.0, 2.0, n_jumps))
+            jumps = [hk.StateJump(float(t), 0, add=0.3) for t in times]
+            exps.append(observed(f"e{i}", jumps))
+        return hk.make_dataset(exps, output_channel_names=["y"])
+
+    score = hk.build_score_bucket(counting, identity_output, SOLVER, hk.masked_mse)
+    three, five = dataset(3, 0), dataset(5, 1)
+    assert three.bucket_payloads[0].jumps.ts.shape == five.bucket_payloads[0].jumps.ts.shape
+    score(TRUE, three.bucket_payloads[0], 1.0)
+    before = TRACES["n"]
+    loss = score(TRUE, five.bucket_payloads[0], 1.0)
+    assert TRACES["n"] == before
+    assert float(loss) == pytest.approx(0.0, abs=1e-14)
+
+
+def test_predict_dense_shows_each_jump_from_both_sides():
+    exps = [observed("a", OBS_JUMPS[0])]
+    ds = hk.make_dataset(exps, output_channel_names=["y"])
+    ((ts, pred),) = hk.predict_dense(TRUE, ds, simulate, identity_output, SOLVER, n_points=20)
+    ts, pred = np.asarray(ts)[0], np.asarray(pred)[0, :, 0]
+    assert ts.shape == (20 + 2 * 8,) and np.all(np.diff(ts) >= 0)  # two points per slot
+    np.testing.assert_allclose(pred, closed_form(ts, 1.0, OBS_JUMPS[0]), rtol=1e-7, atol=TOL)
+    at = np.flatnonzero(ts == 0.5)[-1]
+    assert ts[at - 1] == np.nextafter(0.5, 0.0)
+    assert pred[at] - pred[at - 1] == pytest.approx(2.0, rel=1e-7)  # vertical, not smeared
+
+
+def test_float32_datasets_apply_jumps():
+    exps = [experiment("a", TS, BOLUSES)]
+    ds = hk.make_dataset(exps, output_channel_names=["y"], dtype="float32")
+    (bp,) = ds.bucket_payloads
+    assert bp.jumps.ts.dtype == np.float32
+    solver = hk.SolverConfig(solver=diffrax.Tsit5(), rtol=1e-6, atol=1e-7, max_steps=512, dt0=None)
+    p32 = (Rate(jnp.asarray(K, jnp.float32)),)
+    pred = np.asarray(hk.predict_bucket(p32, bp, simulate, identity_output, solver))[0, :, 0]
+    assert pred.dtype == np.float32
+    np.testing.assert_allclose(pred, closed_form(TS, 1.0, BOLUSES), rtol=1e-5)

@@ -55,8 +55,8 @@ class BucketPayload(NamedTuple):
         inputs.
     - `jumps`: each row's state jumps ([`hybrid_kernels.StateJump`][]) as arrays
         `(ts, state, add, scale)`, each `[N, M]`, sorted by time per row and padded with no-op
-        jumps at `+inf` to `M`, the next power of two of the most jumps in a row (so nearby
-        counts share one compiled shape); `None` when no row of the bucket has a jump.
+        jumps at `+inf` to `M`, the next power of two (at least 8) of the most jumps in a row,
+        so nearby counts share one compiled shape; `None` when no row of the bucket has a jump.
 
     `row_weights` and `row_lengths` are always present: every constructor
     ([`hybrid_kernels.make_dataset`][] and the dataset splits) fills them, so no consumer

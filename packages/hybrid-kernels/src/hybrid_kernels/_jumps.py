@@ -87,12 +87,15 @@ class JumpArrays(NamedTuple):
 def jump_slots(count: int) -> int:
     """The padded jump count of a bucket whose rows have at most `count` jumps.
 
-    The next power of two (at least 1): the count is part of the compiled shape, so datasets
-    with, say, 3 and 5 doses per subject share one program (8 slots), and a subject with
-    thousands of doses costs at most twice the padding of its own count, in
-    `log2(max count)` possible shapes.
+    The next power of two, and at least `MIN_JUMP_SLOTS`: the count is part of the compiled
+    shape, so datasets with a handful of doses per subject (3 or 5, say) share one program,
+    and a subject with thousands of doses costs at most twice the segments of its own count,
+    in one of `log2(max count)` possible shapes. A padding slot costs an empty segment.
     """
-    return 1 << max(count - 1, 0).bit_length()
+    return max(MIN_JUMP_SLOTS, 1 << max(count - 1, 0).bit_length())
+
+
+MIN_JUMP_SLOTS = 8
 
 
 def stack_jumps(
@@ -170,7 +173,8 @@ def solve_with_jumps(solve: Callable, ts: Any, y0: Any, jumps: JumpArrays) -> di
     def body(carry, x):
         y, failed, result, counts = carry
         a, b, s, ad, sc = x
-        sol = solve(a, jnp.where(failed, a, b), jnp.clip(ts, a, b), jnp.where(failed, 0, y))
+        b = jnp.where(failed, a, b)
+        sol = solve(a, b, jnp.clip(ts, a, b), jnp.where(failed, 0, y))
         ok = sol.result == diffrax.RESULTS.successful
         ys = jnp.where(failed, jnp.inf, sol.ys)
         end = ys[-1]
