@@ -7,6 +7,7 @@ and `y ← scale · y + add` at each jump, right-continuously.
 from __future__ import annotations
 
 import diffrax
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -267,3 +268,65 @@ def test_float32_datasets_apply_jumps():
     pred = np.asarray(hk.predict_bucket(p32, bp, simulate, identity_output, solver))[0, :, 0]
     assert pred.dtype == np.float32
     np.testing.assert_allclose(pred, closed_form(TS, 1.0, BOLUSES), rtol=1e-5)
+
+
+# --- a fit after jumps -------------------------------------------------------------------------
+
+K12, K21, KEL = 0.3, 0.2, 0.5
+FIT_TS = np.arange(0.0, 8.5, 1.0)
+# Subject-specific bolus times into the central compartment; s1's second dose and s4's third
+# fall exactly on a sample, which sees the dose (right-continuous).
+DOSES = {
+    "s1": [(0.0, 10.0), (2.0, 5.0)],
+    "s2": [(0.0, 8.0), (1.5, 4.0), (4.7, 6.0)],
+    "s3": [(0.5, 12.0)],
+    "s4": [(0.0, 6.0), (3.25, 6.0), (6.0, 3.0)],
+}
+
+
+def two_compartment(predictors, ts, covariates, y0, solver):
+    (kel,) = predictors
+
+    def vf(t, y, args):
+        return jnp.stack([-(kel() + K12) * y[0] + K21 * y[1], K12 * y[0] - K21 * y[1]])
+
+    return solver.diffeqsolve(diffrax.ODETerm(vf), ts, y0).ys
+
+
+def central(full):
+    return full[:, :1]
+
+
+def pk_experiments(values):
+    return [
+        hk.make_experiment(
+            covariates={},
+            channels={"C": hk.ChannelObs(FIT_TS, values[i])},
+            y0_fn=lambda c, ch: np.zeros(2),
+            exp_id=sid,
+            jumps=[hk.StateJump(t, 0, add=amt) for t, amt in doses],
+        )
+        for i, (sid, doses) in enumerate(DOSES.items())
+    ]
+
+
+def test_the_elimination_rate_is_learned_through_boluses_from_a_wrong_start():
+    blank = hk.make_dataset(pk_experiments(np.zeros((4, FIT_TS.size))), output_channel_names=["C"])
+    truth = hk.predict_bucket(
+        (Rate(jnp.asarray(KEL)),), blank.bucket_payloads[0], two_compartment, central, SOLVER
+    )
+    data = hk.make_dataset(pk_experiments(np.asarray(truth)[..., 0]), output_channel_names=["C"])
+    config = hk.OptaxTrainingConfig(
+        steps=(100, 100), lr=(0.05, 0.005), optimizer=("adam", "adam"), verbose=False
+    )
+    history, trained = hk.train_with_optax(
+        (Rate(jnp.asarray(0.2)),),
+        data,
+        config,
+        simulate_fn=two_compartment,
+        state_to_output=central,
+        solver=SOLVER,
+        key=jax.random.key(0),
+    )
+    assert history[0] > 1.0
+    assert float(trained[0].k) == pytest.approx(KEL, rel=1e-4)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import diffrax
 import numpy as np
 import pytest
 
@@ -73,3 +74,30 @@ def test_statejump_refuses_a_negative_or_non_int_state():
         hk.StateJump(1.0, -1)
     with pytest.raises(TypeError, match=r"`state` must be an int"):
         hk.StateJump(1.0, 0.0)
+
+
+def _bare_diffrax(predictors, ts, covariates, y0, solver):
+    """Solves with `diffrax.diffeqsolve` directly, so nothing applies the jumps."""
+    term = diffrax.ODETerm(lambda t, y, a: -y)
+    saveat = diffrax.SaveAt(ts=ts)
+    return diffrax.diffeqsolve(term, diffrax.Tsit5(), ts[0], ts[-1], 0.1, y0, saveat=saveat).ys
+
+
+def test_a_simulate_fn_that_bypasses_solver_diffeqsolve_is_refused_when_there_are_jumps():
+    ds = hk.make_dataset([_experiment([hk.StateJump(0.5, 0, add=1.0)])], output_channel_names=["y"])
+    solver = hk.SolverConfig(solver=diffrax.Tsit5(), rtol=1e-6, atol=1e-8, max_steps=64, dt0=0.1)
+    with pytest.raises(ValueError, match=r"never called `solver.diffeqsolve`.*state jumps"):
+        hk.predict_bucket((), ds.bucket_payloads[0], _bare_diffrax, lambda y: y[:, :1], solver)
+
+
+def test_a_float32_dataset_refuses_a_jump_time_it_cannot_step_around():
+    exp = _experiment([hk.StateJump(1e8, 0, add=1.0)])
+    match = r"experiment 'subject-7', jump 0 .*too large for float32"
+    with pytest.raises(ValueError, match=match):
+        hk.make_dataset([exp], output_channel_names=["y"], dtype="float32")
+
+
+def test_a_float32_dataset_refuses_a_dose_that_overflows_it():
+    exp = _experiment([hk.StateJump(1.0, 0, add=1e39)])
+    with pytest.raises(ValueError, match=r"'subject-7', jump 0 .*`add` becomes inf in float32"):
+        hk.make_dataset([exp], output_channel_names=["y"], dtype="float32")

@@ -122,7 +122,7 @@ def stack_jumps(
                     "(t + 1 == t); shift or rescale the times, or pass dtype='float64'."
                 )
             for field in ("add", "scale"):
-                if abs(getattr(jump, field)) > info.max:
+                if abs(getattr(jump, field)) > float(info.max):
                     raise ValueError(
                         f"{where}: `{field}` becomes inf in {np.dtype(dtype).name}; rescale it "
                         "or pass dtype='float64'."
