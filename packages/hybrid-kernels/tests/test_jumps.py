@@ -330,3 +330,24 @@ def test_the_elimination_rate_is_learned_through_boluses_from_a_wrong_start():
     )
     assert history[0] > 1.0
     assert float(trained[0].k) == pytest.approx(KEL, rel=1e-4)
+
+
+def test_processes_agree_on_the_slots_of_the_most_jumps_anywhere(monkeypatch):
+    from hybrid_kernels import _distributed
+
+    # Two simulated processes: this one's rows have 3 jumps, the other's 5 and 9.
+    gathered = [np.asarray([3]), np.asarray([5, 9])]
+    monkeypatch.setattr(_distributed, "_gather_ints", lambda values: gathered)
+    assert _distributed._jump_slots([3]) == 16
+    gathered[:] = [np.asarray([0]), np.asarray([], np.int64)]
+    assert _distributed._jump_slots([0]) is None  # no jump anywhere: no jump arrays
+
+
+def test_solver_step_counts_are_summed_over_the_segments():
+    from hybrid_kernels._kernels import _simulate_with_steps
+
+    bp, _ = predict([experiment("a", TS, BOLUSES), experiment("b", TS, [])])
+    _, steps = _simulate_with_steps(TRUE, bp, simulate_fn=simulate, solver=SOLVER)
+    steps = np.asarray(steps)
+    assert np.all(steps[:, 1] >= 0)  # read, not the -1 of an unreadable solve
+    assert steps[0, 0] > steps[1, 0] >= 1  # three non-empty segments take more steps than one
