@@ -2,14 +2,15 @@
 
 Workload: 4 subjects of a two-compartment pharmacokinetic model over one year (365 days),
 sampled 40 times each, with 1, 10, 100 or 1000 bolus doses per subject (the most: about 3 a
-day) at evenly spaced, subject-specific times; the elimination rate is trained (one scalar, so
-the default sensitivity is forward). Tsit5 with the default adjoint. Each count is its own
-dataset, so its own padded jump shape (8, 16, 128, 1024 slots) and its own compile.
+day) at evenly spaced, subject-specific times; the elimination rate is trained. Tsit5 with
+the default adjoint (`RecursiveCheckpointAdjoint`). Each count is its own dataset, so its own
+padded jump shape (8, 16, 128, 1024 slots) and its own compile. Two sensitivities: forward
+(what `"auto"` picks for this one scalar) and reverse (what a neural network gets).
 
 Measured: the steady-state time of one `build_bucket_step` call (best of the repeats, after a
-warm-up), its ratio to the 1-dose case measured in the same run, and the cost per padded
-slot. Linear cost means the ratio grows at most in proportion to the slots; the compile time
-must not grow with the count (one scan body whatever the count).
+warm-up), its ratio to the 1-dose case of the same sensitivity measured in the same run, and
+the cost per padded slot. Linear cost means the ratio grows at most in proportion to the
+slots; the compile time must not grow with the count (one scan body whatever the count).
 
 Run: `python benchmarks/jumps.py` (a few minutes on a 2-core CPU) or `--quick` (1, 10 and
 100 doses, fewer repeats: a smoke test).
@@ -87,44 +88,55 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer counts: a smoke test")
     args = parser.parse_args()
     counts, steps, repeats = ((1, 10, 100), 3, 2) if args.quick else ((1, 10, 100, 1000), 5, 5)
-    solver = hk.SolverConfig(solver=diffrax.Tsit5(), rtol=1e-6, atol=1e-9, max_steps=4096, dt0=None)
     predictors = (Rate(jnp.asarray(0.4)),)
-    step = hk.build_bucket_step(simulate, central, solver, hk.masked_mse, True)
-    rows = {}
+    steps_by_mode = {}
+    for mode in ("forward", "reverse"):
+        solver = hk.SolverConfig(
+            solver=diffrax.Tsit5(),
+            rtol=1e-6,
+            atol=1e-9,
+            max_steps=4096,
+            dt0=None,
+            sensitivity=mode,
+        )
+        steps_by_mode[mode] = hk.build_bucket_step(simulate, central, solver, hk.masked_mse, True)
+    rows: dict[tuple[int, str], tuple[int, float, float, float]] = {}
     for n in counts:
         (bp,) = make_data(n).bucket_payloads
         slots = bp.jumps.ts.shape[1]
-        print(f"{n} doses per subject ({slots} slots): compiling ...", flush=True)
-        t0 = time.perf_counter()
-        jax.block_until_ready(step(predictors, bp, 1.0))
-        compile_s = time.perf_counter() - t0
-        times = []
-        for r in range(repeats):
-            times.append(measure(step, predictors, bp, steps))
-            print(f"  repeat {r + 1}/{repeats}: {times[-1] * 1e3:.1f} ms / step", flush=True)
-        rows[n] = (slots, compile_s, min(times), statistics.median(times))
+        for mode, step in steps_by_mode.items():
+            print(f"{n} doses per subject ({slots} slots), {mode}: compiling ...", flush=True)
+            t0 = time.perf_counter()
+            jax.block_until_ready(step(predictors, bp, 1.0))
+            compile_s = time.perf_counter() - t0
+            times = []
+            for r in range(repeats):
+                times.append(measure(step, predictors, bp, steps))
+                print(f"  repeat {r + 1}/{repeats}: {times[-1] * 1e3:.1f} ms / step", flush=True)
+            rows[n, mode] = (slots, compile_s, min(times), statistics.median(times))
 
-    base = rows[counts[0]][2]
     print(
-        "\n| doses / subject | slots | compile (s) | ms / step (best) | median | ratio to 1 dose "
-        "| ms per slot |"
+        "\n| doses / subject | slots | sensitivity | compile + first step (s) | ms / step (best) "
+        "| median | ratio to 1 dose | ms per slot |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for n, (slots, compile_s, best, median) in rows.items():
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (n, mode), (slots, compile_s, best, median) in rows.items():
+        base = rows[counts[0], mode][2]
         print(
-            f"| {n} | {slots} | {compile_s:.1f} | {best * 1e3:.1f} | {median * 1e3:.1f} | "
-            f"{best / base:.2f}x | {best / slots * 1e3:.3f} |"
+            f"| {n} | {slots} | {mode} | {compile_s:.1f} | {best * 1e3:.1f} | {median * 1e3:.1f} "
+            f"| {best / base:.2f}x | {best / slots * 1e3:.3f} |"
         )
     top = counts[-1]
-    growth = rows[top][2] / base
-    slot_growth = rows[top][0] / rows[counts[0]][0]
-    verdict = "at most linear" if growth <= 1.1 * slot_growth else "MORE than linear"
+    slot_growth = rows[top, "forward"][0] / rows[counts[0], "forward"][0]
+    parts = []
+    for mode in steps_by_mode:
+        growth = rows[top, mode][2] / rows[counts[0], mode][2]
+        verdict = "at most linear" if growth <= 1.1 * slot_growth else "MORE than linear"
+        parts.append(f"{mode} {growth:.1f}x ({verdict})")
     print(
-        f"\nsummary: {top} doses per subject cost {growth:.1f}x the 1-dose step for "
-        f"{slot_growth:.0f}x the padded slots ({verdict} in the jumps); compile "
-        f"{rows[counts[0]][1]:.1f} s at 1 dose, {rows[top][1]:.1f} s at {top}; "
-        f"{N_SUBJECTS} subjects x {N_SAMPLES} samples, {steps} steps x {repeats} repeats, "
-        f"jax {jax.__version__}, {jax.devices()[0].platform}"
+        f"\nsummary: {top} doses per subject cost " + ", ".join(parts) + " the 1-dose step for "
+        f"{slot_growth:.0f}x the padded slots; {N_SUBJECTS} subjects x {N_SAMPLES} samples, "
+        f"{steps} steps x {repeats} repeats, jax {jax.__version__}, {jax.devices()[0].platform}"
     )
 
 
