@@ -351,3 +351,19 @@ def test_solver_step_counts_are_summed_over_the_segments():
     steps = np.asarray(steps)
     assert np.all(steps[:, 1] >= 0)  # read, not the -1 of an unreadable solve
     assert steps[0, 0] > steps[1, 0] >= 1  # three non-empty segments take more steps than one
+
+
+def test_plot_fit_draws_each_jump_vertically():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    ds = hk.make_dataset([observed("a", OBS_JUMPS[0])], output_channel_names=["y"])
+    fig = hk.plot_fit(
+        TRUE, ds, simulate_fn=simulate, state_to_output=identity_output, solver=SOLVER, n_points=20
+    )
+    curve = fig.axes[0].lines[1]  # the observations, then the predicted curve
+    xs, ys = np.asarray(curve.get_xdata()), np.asarray(curve.get_ydata())
+    at = np.flatnonzero(xs == 0.5)[-1]
+    assert xs[at - 1] == np.nextafter(0.5, 0.0)
+    assert ys[at] - ys[at - 1] == pytest.approx(2.0, rel=1e-7)
+    matplotlib.pyplot.close(fig)
