@@ -79,13 +79,7 @@ def _simulate_with_steps(predictors, bp, *, simulate_fn, solver):
         covariates = {**covariates, **row_signals(inputs or {})}
         with row_context(jump_ts, jumps) as row:
             out = simulate_fn(predictors, ts, covariates, y0, solver)
-        if jumps is not None and not row.jumps_applied:
-            raise ValueError(
-                "simulate_fn never called `solver.diffeqsolve`, but this bucket's experiments "
-                "have state jumps (make_experiment(jumps=...)), which only "
-                "`solver.diffeqsolve` applies; they would be ignored. Solve with "
-                "`solver.diffeqsolve(term, ts, y0, args)` instead of `diffrax.diffeqsolve`."
-            )
+        row.check_jumps_applied()
         pf.check_simulate_out(out, bp)
         return out, _row_steps(row, ts)
 

@@ -312,6 +312,16 @@ class _Row:
         self.jumps_applied = False
         self.stats: list[dict[str, Any]] = []
 
+    def check_jumps_applied(self) -> None:
+        """After `simulate_fn`: refuse a row whose jumps no solve applied (never silently)."""
+        if self.jumps is not None and not self.jumps_applied:
+            raise ValueError(
+                "simulate_fn never called `solver.diffeqsolve`, but this bucket's experiments "
+                "have state jumps (make_experiment(jumps=...)), which only "
+                "`solver.diffeqsolve` applies; they would be ignored. Solve with "
+                "`solver.diffeqsolve(term, ts, y0, args)` instead of `diffrax.diffeqsolve`."
+            )
+
 
 _ROW: contextvars.ContextVar[_Row | None] = contextvars.ContextVar("hk_row", default=None)
 
