@@ -200,6 +200,7 @@ def test_payload_fields_come_in_the_seed_order_then_ours():
         "row_lengths",
         "inputs",
         "jump_ts",
+        "jumps",
     )
 
 

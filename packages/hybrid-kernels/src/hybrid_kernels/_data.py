@@ -29,6 +29,7 @@ from hybrid_kernels._bucketing import (
 from hybrid_kernels._distributed import to_host
 from hybrid_kernels._dtypes import resolve_dtype
 from hybrid_kernels._experiments import Experiment
+from hybrid_kernels._jumps import JumpArrays
 from hybrid_kernels._preflight import check_int
 
 
@@ -44,6 +45,7 @@ class _PayloadFields(NamedTuple):
     row_lengths: Int[Array, " N"] = None  # type: ignore[assignment]  # filled by __new__
     inputs: dict[str, tuple[Array, Array]] | None = None
     jump_ts: Float[Array, "N J"] | None = None
+    jumps: JumpArrays | None = None
 
 
 class BucketPayload(_PayloadFields):
@@ -69,6 +71,10 @@ class BucketPayload(_PayloadFields):
         padded to a bucket-wide `L` (see [`hybrid_kernels.InputTable`][]); `None` without inputs.
     - `jump_ts` `[N, J]`: each row's input switch times, padded with `+inf`; `None` without
         inputs.
+    - `jumps`: each row's state jumps ([`hybrid_kernels.StateJump`][]) as arrays
+        `(ts, state, add, scale)`, each `[N, M]`, sorted by time per row and padded with no-op
+        jumps at `+inf` to `M`, the next power of two (at least 8) of the most jumps in a row,
+        so nearby counts share one compiled shape; `None` when no row of the bucket has a jump.
 
     Every constructor ([`hybrid_kernels.make_dataset`][] and the dataset splits) fills
     `row_weights` and `row_lengths`; a payload written by hand with only the seed's seven
@@ -90,6 +96,7 @@ class BucketPayload(_PayloadFields):
         row_lengths: Any = None,
         inputs: Any = None,
         jump_ts: Any = None,
+        jumps: Any = None,
     ) -> BucketPayload:
         # Only real arrays get defaults: jax and equinox rebuild payloads with placeholders
         # (None after a partition, sentinels for vmap axes) that must stay as they are.
@@ -110,6 +117,7 @@ class BucketPayload(_PayloadFields):
             row_lengths,
             inputs,
             jump_ts,
+            jumps,
         )
 
 

@@ -32,6 +32,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from hybrid_kernels._bucketing import choose_bins, stack_bucket
+from hybrid_kernels._jumps import jump_slots
 from hybrid_kernels._sharding import row_sharding
 
 
@@ -119,7 +120,7 @@ def _check_global_ids(ids: list[list[str]]) -> None:
             seen[name] = p
 
 
-def _empty_rows(experiments, scattered, bin_len: int, rows: int, dtype: np.dtype):
+def _empty_rows(experiments, scattered, bin_len: int, rows: int, dtype: np.dtype, slots=None):
     """`rows` padding rows for a bucket where this process has no experiment of its own."""
     fits = [i for i, s in enumerate(scattered) if s[0].shape[0] <= bin_len]
     if not fits:
@@ -129,7 +130,7 @@ def _empty_rows(experiments, scattered, bin_len: int, rows: int, dtype: np.dtype
             "give every process at least one short experiment."
         )
     i = fits[0]
-    fields, _ = stack_bucket([experiments[i]], [scattered[i]], bin_len, rows, dtype)
+    fields, _ = stack_bucket([experiments[i]], [scattered[i]], bin_len, rows, dtype, slots)
     fields["row_weights"] = np.zeros_like(fields["row_weights"])
     fields["mask"] = np.zeros_like(fields["mask"])
     fields["y_observed"] = np.zeros_like(fields["y_observed"])
@@ -180,12 +181,18 @@ def process_local_buckets(
         counts = [int(np.sum(b == bin_len)) for b in bins]
         rows = math.ceil(max(counts) / n_local_devices) * n_local_devices
         mine = [i for i in range(len(experiments)) if bins[me][i] == bin_len]
+        slots = _jump_slots([len(getattr(experiments[i], "jumps", ())) for i in mine])
         if mine:
             fields, _ = stack_bucket(
-                [experiments[i] for i in mine], [scattered[i] for i in mine], bin_len, rows, dtype
+                [experiments[i] for i in mine],
+                [scattered[i] for i in mine],
+                bin_len,
+                rows,
+                dtype,
+                slots,
             )
         else:
-            fields, _ = _empty_rows(experiments, scattered, bin_len, rows, dtype)
+            fields, _ = _empty_rows(experiments, scattered, bin_len, rows, dtype, slots)
         total_obs = multihost_utils.process_allgather(np.asarray(fields["n_obs"], np.int64))
         fields["n_obs"] = np.asarray(int(np.sum(total_obs)), np.int32)
         _check_trailing_shapes(fields, bin_len)
@@ -201,6 +208,15 @@ def process_local_buckets(
             )
         )
     return buckets, bucket_ids
+
+
+def _jump_slots(local_counts: list[int]) -> int | None:
+    """One padded state-jump count for a bucket on every process (`None`: no jumps anywhere)."""
+    most = max(
+        (int(np.max(g)) for g in _gather_ints(np.asarray(local_counts, np.int64)) if len(g)),
+        default=0,
+    )
+    return jump_slots(most) if most else None
 
 
 def _check_trailing_shapes(fields: dict[str, Any], bin_len: int) -> None:

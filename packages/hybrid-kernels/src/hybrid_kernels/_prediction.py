@@ -87,6 +87,25 @@ def _dense_payload(bp: Any, ts: np.ndarray) -> Any:
     return bp._replace(**fields)
 
 
+def _with_jump_sides(dense: np.ndarray, bp: Any) -> np.ndarray:
+    """`dense [N, P]` plus, per jump slot, the jump's time and the float just before it.
+
+    A jump is right-continuous, so its time shows the state after it and the time just
+    before shows the state before: the curve drops or rises vertically there instead of
+    being drawn as a slope between two grid points. Times are clipped into each row's grid
+    range (padding slots land on its last time, a repeated trailing time).
+    """
+    if bp.jumps is None:
+        return dense
+    dtype = np.dtype(bp.ts.dtype)
+    dense = np.asarray(dense, dtype=dtype)
+    jt = np.asarray(bp.jumps.ts, dtype=dtype)
+    lo, hi = dense[:, :1], dense[:, -1:]
+    before = np.nextafter(jt, np.asarray(-np.inf, dtype))
+    sides = np.clip(np.concatenate([before, jt], axis=1), lo, hi)
+    return np.sort(np.concatenate([dense, sides], axis=1), axis=1)
+
+
 def predict_dense(
     predictors: Any,
     dataset: Any,
@@ -105,6 +124,11 @@ def predict_dense(
     - `ts_grid`: a shared increasing grid `[P]` used for every experiment; or `None` (default)
       for `n_points` evenly spaced times from each row's first to its last time.
     - `n_points`: grid size when `ts_grid` is `None` (at least 2).
+
+    A bucket whose experiments have state jumps ([`hybrid_kernels.StateJump`][]) gets two
+    more points per jump slot `M` (`P + 2 M` in all): each jump's time, showing the state
+    after it, and the float just before, showing the state before, so a curve drawn through
+    the grid is vertical at the jump instead of smeared across it.
 
     **Returns:** per bucket, the pair `(ts [N, P], predictions [N, P, D])`. A new `P` is a new
     shape, compiled once. With several processes every process gets every row (the buckets
@@ -125,7 +149,7 @@ def predict_dense(
             dense = np.broadcast_to(grid, (ts.shape[0], grid.size))
         else:
             dense = np.linspace(ts[:, 0], ts[:, -1], n_points, axis=-1)
-        dbp = _dense_payload(bp, dense)
+        dbp = _dense_payload(bp, _with_jump_sides(dense, bp))
         out.append((dbp.ts, predict_bucket(predictors, dbp, simulate_fn, state_to_output, solver)))
     return tuple(out)
 
