@@ -27,6 +27,7 @@ from hybrid_kernels._data import (
 )
 from hybrid_kernels._experiments import ChannelObs, Experiment, make_experiment
 from hybrid_kernels._inputs import InputSignal, InputTable, piecewise_constant, piecewise_linear
+from hybrid_kernels._jumps import StateJump
 from hybrid_kernels._kernels import (
     apply_length_mask,
     build_apply_update,
@@ -122,6 +123,7 @@ __all__ = [
     "SavedRun",
     "SilentUI",
     "SolverConfig",
+    "StateJump",
     "TrainingState",
     "TrainingUI",
     "__version__",

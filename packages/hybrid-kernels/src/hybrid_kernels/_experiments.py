@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
-from hybrid_kernels._inputs import InputTable, check_times_fit
+from hybrid_kernels._inputs import InputTable, check_times_fit, unusable_times
+from hybrid_kernels._jumps import StateJump
 
 
 class ChannelObs(eqx.Module):
@@ -82,7 +83,9 @@ class Experiment(eqx.Module):
     Build it with [`hybrid_kernels.make_experiment`][]. `exp_id` is host-side only: it never
     reaches a kernel, and [`hybrid_kernels.Dataset`][] keeps it to map rows back. `t0` is the
     time `y0` applies at (`None` only for experiments built by hand: then the first observed
-    time). `inputs` maps names to [`hybrid_kernels.InputTable`][]s.
+    time). `inputs` maps names to [`hybrid_kernels.InputTable`][]s. `jumps` holds its
+    [`hybrid_kernels.StateJump`][]s sorted by time (stably: jumps at one time keep the order
+    they were given in).
     """
 
     covariates: dict[str, np.ndarray]
@@ -91,6 +94,7 @@ class Experiment(eqx.Module):
     exp_id: str = eqx.field(static=True, default="")
     t0: float | None = eqx.field(static=True, default=None)
     inputs: dict[str, InputTable] = eqx.field(default_factory=dict)
+    jumps: tuple[StateJump, ...] = eqx.field(static=True, default=())
 
 
 def make_experiment(
@@ -101,6 +105,7 @@ def make_experiment(
     exp_id: str = "",
     t0: float | None = None,
     inputs: Mapping[str, InputTable] | None = None,
+    jumps: Sequence[StateJump] = (),
 ) -> Experiment:
     """Validate and assemble one [`hybrid_kernels.Experiment`][].
 
@@ -124,12 +129,17 @@ def make_experiment(
         signals that change in time. Inside `simulate_fn`, `covariates[name]` is then an
         [`hybrid_kernels.InputSignal`][] to call at `t`, and the table's switch times reach the
         step-size controller as jump times. Names must differ from the covariates'.
+    - `jumps`: [`hybrid_kernels.StateJump`][]s, instantaneous changes of one state component
+        (a bolus dose, a pulse feed, a withdrawal), applied by `solver.diffeqsolve` inside
+        `simulate_fn`. Right-continuous: an observation at a jump's time sees the state after
+        it; jumps at one time apply in the order given. Stored sorted by time.
 
     **Returns:** the experiment. Raises `ValueError` naming `exp_id` on a rank>1 or non-finite
     covariate, a `y0` that is not rank-1 and finite, a missing `t0` or an observation before
-    it, or an input time too large for float64 times (`t + 1 == t`, naming the input);
-    `TypeError` on a non-str `exp_id`, a non-numeric covariate or `y0`, or a channel that is
-    not a `ChannelObs`.
+    it, an input time too large for float64 times (`t + 1 == t`, naming the input), or a jump
+    (named by its index in `jumps`) before `t0`, on a state index `>= S`, or at a time too
+    large for float64 times; `TypeError` on a non-str `exp_id`, a non-numeric covariate or
+    `y0`, a channel that is not a `ChannelObs`, or a jump that is not a `StateJump`.
     """
     if not isinstance(exp_id, str):
         raise TypeError(f"make_experiment: `exp_id` must be a str, got {exp_id!r}.")
@@ -189,6 +199,7 @@ def make_experiment(
                 "names must differ."
             )
         check_times_fit(table, np.float64, f"make_experiment({exp_id!r}): input {name!r}")
+    jump_list = _check_jump_types(exp_id, jumps)
     y0 = _as_array(
         y0_fn({k: jnp.asarray(v) for k, v in covs.items()}, channels),
         f"make_experiment({exp_id!r}): `y0_fn`'s return value",
@@ -204,6 +215,7 @@ def make_experiment(
         )
     if not np.all(np.isfinite(y0)):
         raise ValueError(f"make_experiment({exp_id!r}): `y0` must be finite, got {y0}.")
+    _check_jumps(exp_id, jump_list, t0, y0.shape[0])
     return Experiment(
         covariates=covs,
         y0=y0,
@@ -211,7 +223,45 @@ def make_experiment(
         exp_id=exp_id,
         t0=t0,
         inputs={k: tables[k] for k in sorted(tables)},
+        jumps=tuple(sorted(jump_list, key=lambda j: j.time)),  # stable: list order at ties
     )
+
+
+def _check_jump_types(exp_id: str, jumps: Any) -> list[StateJump]:
+    if isinstance(jumps, StateJump) or not isinstance(jumps, Sequence):
+        raise TypeError(
+            f"make_experiment({exp_id!r}): `jumps` must be a sequence of StateJump, "
+            f"got {type(jumps).__name__}."
+        )
+    for i, jump in enumerate(jumps):
+        if not isinstance(jump, StateJump):
+            raise TypeError(
+                f"make_experiment({exp_id!r}): jump {i} in `jumps` must be a StateJump, "
+                f"got {type(jump).__name__} {jump!r}."
+            )
+    return list(jumps)
+
+
+def _check_jumps(exp_id: str, jumps: list[StateJump], t0: float, n_states: int) -> None:
+    """Each jump's time against `t0` and float64, and its state index against `S`."""
+    for i, jump in enumerate(jumps):
+        where = f"make_experiment({exp_id!r}): jump {i} in `jumps` ({jump!r})"
+        if jump.time < t0:
+            raise ValueError(
+                f"{where}: `time` {jump.time!r} is before t0={t0!r}; a jump must not precede "
+                "the start of the solve."
+            )
+        if jump.state >= n_states:
+            raise ValueError(
+                f"{where}: `state` {jump.state} is out of range for the state of size "
+                f"S = {n_states} that y0_fn returns; expected 0 <= state < {n_states}."
+            )
+        if unusable_times([jump.time], np.float64):
+            raise ValueError(
+                f"{where}: `time` {jump.time!r} is too large for float64 times (t + 1 == t): "
+                "the solver cannot step to just before and after it. Shift or rescale the "
+                "times (for example hours instead of seconds)."
+            )
 
 
 def _start_time(exp_id: str, channels: Mapping[str, ChannelObs], t0: Any) -> float:
