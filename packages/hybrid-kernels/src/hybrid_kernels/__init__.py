@@ -37,6 +37,7 @@ from hybrid_kernels._kernels import (
     predict_bucket_obs,
 )
 from hybrid_kernels._losses import bal_mle, bal_mse, masked_mle, masked_mse, resolve_loss_fn
+from hybrid_kernels._nonmem import experiments_from_nonmem
 from hybrid_kernels._penalties import (
     PenaltyPointSource,
     bound_penalty,
@@ -147,6 +148,7 @@ __all__ = [
     "default_ui",
     "describe_buckets",
     "ensemble_predictions",
+    "experiments_from_nonmem",
     "experiments_from_table",
     "failed_exp_ids",
     "fold_key",
