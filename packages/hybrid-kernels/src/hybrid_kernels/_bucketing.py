@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from hybrid_kernels._inputs import stack_inputs
+from hybrid_kernels._jumps import stack_jumps
 
 BUCKET_POLICIES = frozenset({"padded", "exact"})
 
@@ -203,8 +204,14 @@ def _occurrence(slots: np.ndarray) -> np.ndarray:
     return out
 
 
-def stack_bucket(exps, scattered, T: int, n_devices: int, dtype: np.dtype):
-    """Pad each row to length T, pad rows to a multiple of `n_devices`, and stack."""
+def stack_bucket(
+    exps, scattered, T: int, n_devices: int, dtype: np.dtype, jump_slots: int | None = None
+):
+    """Pad each row to length T, pad rows to a multiple of `n_devices`, and stack.
+
+    `jump_slots` fixes the padded jump count (several processes agree on one); by default it
+    follows the bucket's own rows (`hybrid_kernels._jumps.jump_slots`).
+    """
     n_real = len(exps)
     n_rows = math.ceil(n_real / n_devices) * n_devices
     D = scattered[0][1].shape[1]
@@ -245,6 +252,10 @@ def stack_bucket(exps, scattered, T: int, n_devices: int, dtype: np.dtype):
         row_lengths=lengths,
         inputs=inputs,
         jump_ts=jump_ts,
+        # Padding rows copy row 0's jumps, like its inputs: a benign, discarded solve.
+        jumps=stack_jumps(
+            [getattr(e, "jumps", ()) for e in src], dtype, [e.exp_id for e in src], jump_slots
+        ),
     )
     ids = tuple(e.exp_id for e in exps) + ("",) * (n_rows - n_real)
     return fields, ids

@@ -29,6 +29,7 @@ from hybrid_kernels._bucketing import (
 from hybrid_kernels._distributed import to_host
 from hybrid_kernels._dtypes import resolve_dtype
 from hybrid_kernels._experiments import Experiment
+from hybrid_kernels._jumps import JumpArrays
 from hybrid_kernels._preflight import check_int
 
 
@@ -52,6 +53,10 @@ class BucketPayload(NamedTuple):
         padded to a bucket-wide `L` (see [`hybrid_kernels.InputTable`][]); `None` without inputs.
     - `jump_ts` `[N, J]`: each row's input switch times, padded with `+inf`; `None` without
         inputs.
+    - `jumps`: each row's state jumps ([`hybrid_kernels.StateJump`][]) as arrays
+        `(ts, state, add, scale)`, each `[N, M]`, sorted by time per row and padded with no-op
+        jumps at `+inf` to `M`, the next power of two of the most jumps in a row (so nearby
+        counts share one compiled shape); `None` when no row of the bucket has a jump.
 
     `row_weights` and `row_lengths` are always present: every constructor
     ([`hybrid_kernels.make_dataset`][] and the dataset splits) fills them, so no consumer
@@ -70,6 +75,7 @@ class BucketPayload(NamedTuple):
     row_lengths: Int[Array, " N"]
     inputs: dict[str, tuple[Array, Array]] | None = None
     jump_ts: Float[Array, "N J"] | None = None
+    jumps: JumpArrays | None = None
 
 
 class Dataset(eqx.Module):

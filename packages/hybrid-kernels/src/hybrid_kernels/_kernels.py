@@ -71,18 +71,25 @@ def _simulate_with_steps(predictors, bp, *, simulate_fn, solver):
     """`(full [N, T, S], steps [N, 2])`: the states, and each row's accepted and rejected
     solver steps (-1 where `simulate_fn` made no `solver.diffeqsolve` call we could read).
 
-    Each row's input signals join its covariates, and its jump times reach every
-    `solver.diffeqsolve` call it makes (`row_context`).
+    Each row's input signals join its covariates, and its jump times and state jumps reach
+    every `solver.diffeqsolve` call it makes (`row_context`).
     """
 
-    def one(ts, covariates, y0, inputs, jump_ts):
+    def one(ts, covariates, y0, inputs, jump_ts, jumps):
         covariates = {**covariates, **row_signals(inputs or {})}
-        with row_context(jump_ts) as row:
+        with row_context(jump_ts, jumps) as row:
             out = simulate_fn(predictors, ts, covariates, y0, solver)
+        if jumps is not None and not row.jumps_applied:
+            raise ValueError(
+                "simulate_fn never called `solver.diffeqsolve`, but this bucket's experiments "
+                "have state jumps (make_experiment(jumps=...)), which only "
+                "`solver.diffeqsolve` applies; they would be ignored. Solve with "
+                "`solver.diffeqsolve(term, ts, y0, args)` instead of `diffrax.diffeqsolve`."
+            )
         pf.check_simulate_out(out, bp)
         return out, _row_steps(row, ts)
 
-    return jax.vmap(one)(bp.ts, bp.covariates, bp.y0, bp.inputs, bp.jump_ts)
+    return jax.vmap(one)(bp.ts, bp.covariates, bp.y0, bp.inputs, bp.jump_ts, bp.jumps)
 
 
 def _row_steps(row, ts) -> Array:
@@ -188,6 +195,7 @@ class _Objective(eqx.Module):
                 covariates=jax.tree.map(swap, bp.covariates),
                 inputs=jax.tree.map(swap, bp.inputs),
                 jump_ts=jax.tree.map(swap, bp.jump_ts),
+                jumps=jax.tree.map(swap, bp.jumps),
             )
             full, steps = simulate(predictors, safe)
         else:

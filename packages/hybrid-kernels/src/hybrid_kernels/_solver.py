@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hybrid_kernels._inputs import unusable_times
+from hybrid_kernels._jumps import solve_with_jumps
 
 SOLVER_REGISTRY: dict[str, type] = {
     "Tsit5": diffrax.Tsit5,
@@ -209,8 +210,12 @@ class SolverConfig(eqx.Module):
         - `jump_ts`: extra jump times `[J]` for this solve. Inside the kernels, the
             experiment's input switch times are added here automatically.
 
-        Inside the kernels, the solution's accepted and rejected step counts are also recorded
-        for the training display (no extra solve).
+        Inside the kernels, the experiment's [`hybrid_kernels.StateJump`][]s are applied
+        here: the solve runs piecewise between them (see the guide's "State jumps"), and the
+        returned solution then carries `ts`, `ys`, `stats` and `result` but no dense
+        interpolation. A `simulate_fn` with jumps must therefore solve through this method,
+        not `diffrax.diffeqsolve`. Inside the kernels, the solution's accepted and rejected
+        step counts are also recorded for the training display (no extra solve).
         """
         row = _ROW.get()
         if row is not None and row.jump_ts is not None:
@@ -219,20 +224,37 @@ class SolverConfig(eqx.Module):
             jump_ts = ()
         if jump_ts is not None:  # jump times must share the time dtype (diffrax checks)
             jump_ts = jnp.asarray(jump_ts, dtype=jnp.result_type(ts))
-        sol = diffrax.diffeqsolve(
-            term,
-            self.solver,
-            t0=ts[0],
-            t1=ts[-1],
-            dt0=self.dt0,
-            y0=y0,
-            args=args,
-            saveat=diffrax.SaveAt(ts=ts),
-            stepsize_controller=self.stepsize_controller(jump_ts),
-            adjoint=self.adjoint,
-            max_steps=self.max_steps,
-            throw=self.throw,
-        )
+        controller = self.stepsize_controller(jump_ts)
+
+        def solve(t0, t1, save_ts, y0):
+            return diffrax.diffeqsolve(
+                term,
+                self.solver,
+                t0=t0,
+                t1=t1,
+                dt0=self.dt0,
+                y0=y0,
+                args=args,
+                saveat=diffrax.SaveAt(ts=save_ts),
+                stepsize_controller=controller,
+                adjoint=self.adjoint,
+                max_steps=self.max_steps,
+                throw=self.throw,
+            )
+
+        if row is not None and row.jumps is not None:
+            # The row's state jumps: piecewise between them, each segment ending exactly at a
+            # jump, so no step crosses one (what `jump_ts` does for input switches).
+            row.jumps_applied = True
+            ts = jnp.asarray(ts)
+            sol = solve_with_jumps(
+                lambda a, b, save, y: solve(a, b, jnp.concatenate([save, b[None]]), y),
+                ts,
+                y0,
+                row.jumps,
+            )
+        else:
+            sol = solve(ts[0], ts[-1], ts, y0)
         if row is not None:
             row.stats.append(sol.stats)
         return sol
@@ -280,11 +302,14 @@ class SolverConfig(eqx.Module):
 
 
 class _Row:
-    """What the kernels know about the experiment being traced: its jump times, and a tape
-    for the `stats` of the solves made for it."""
+    """What the kernels know about the experiment being traced: its jump times, its state
+    jumps (`JumpArrays` of one row, or `None`), whether a solve applied them, and a tape for
+    the `stats` of the solves made for it."""
 
-    def __init__(self, jump_ts: Any) -> None:
+    def __init__(self, jump_ts: Any, jumps: Any = None) -> None:
         self.jump_ts = jump_ts
+        self.jumps = jumps
+        self.jumps_applied = False
         self.stats: list[dict[str, Any]] = []
 
 
@@ -292,10 +317,10 @@ _ROW: contextvars.ContextVar[_Row | None] = contextvars.ContextVar("hk_row", def
 
 
 @contextlib.contextmanager
-def row_context(jump_ts: Any) -> Iterator[_Row]:
-    """While tracing one experiment's `simulate_fn`: hand its jump times to every
-    `SolverConfig.diffeqsolve` call and collect their step counts."""
-    row = _Row(jump_ts)
+def row_context(jump_ts: Any, jumps: Any = None) -> Iterator[_Row]:
+    """While tracing one experiment's `simulate_fn`: hand its jump times and state jumps to
+    every `SolverConfig.diffeqsolve` call and collect their step counts."""
+    row = _Row(jump_ts, jumps)
     token = _ROW.set(row)
     try:
         yield row
