@@ -229,3 +229,10 @@ def test_without_evid_a_row_with_an_amount_is_a_dose():
     exp = one(rows, columns=["ID", "TIME", "DV", "AMT", "RATE", "MDV", "CMT"])
     assert exp.channels["DV"].ts.tolist() == [0.5]
     assert len(exp.jumps) == 1
+
+
+def test_a_missing_file_and_a_wrong_type_name_the_argument(tmp_path):
+    with pytest.raises(ValueError, match=r"table='.*nope\.csv' does not exist"):
+        hk.experiments_from_nonmem(tmp_path / "nope.csv", y0_fn=y0_fn, cmt_to_state=MAP)
+    with pytest.raises(TypeError, match="experiments_from_nonmem: `table` must be a pandas"):
+        hk.experiments_from_nonmem([1, 2], y0_fn=y0_fn, cmt_to_state=MAP)

@@ -327,7 +327,7 @@ def experiments_from_nonmem(
     back within a subject, a subject whose rows are split by another's, an infusion or
     additional doses still running at a reset, and the same-time samples above.
     """
-    df = _read(table, "table")
+    df = _read(table, "table", _WHERE).reset_index(drop=True)
     subjects = _subjects(df, cmt_to_state, covariates, id_col)
     cmts = sorted(
         {e[3].cmt for s in subjects for e in s.events if e[0] == "dose" and e[3].rate > 0}
@@ -342,7 +342,7 @@ def experiments_from_nonmem(
         raise ValueError(f"{_WHERE}: covariate(s) {sorted(clash)} are named like infusion inputs.")
     out = []
     for subject in subjects:
-        _check_order(subject, df.reset_index(drop=True), id_col)
+        _check_order(subject, df, id_col)
         start = starts.get(subject.exp_id, subject.t_first) if isinstance(t0, Mapping) else t0
         start = subject.t_first if start is None else float(start)
         doses = [e[3] for e in subject.events if e[0] == "dose"]

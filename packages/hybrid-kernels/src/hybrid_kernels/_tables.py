@@ -31,7 +31,7 @@ def _pandas() -> Any:
     return require("pandas", "table", "Tables")
 
 
-def _read(table: Any, what: str) -> Any:
+def _read(table: Any, what: str, where: str = _WHERE) -> Any:
     """A DataFrame from a DataFrame, or from a path pandas can read (CSV, Parquet, Excel)."""
     pd = _pandas()
     if isinstance(table, pd.DataFrame):
@@ -47,7 +47,7 @@ def _read(table: Any, what: str) -> Any:
         except OSError as error:  # a file the system refuses to read (permissions...)
             raise unreadable(what, path, error) from None
     raise TypeError(
-        f"{_WHERE}: `{what}` must be a pandas DataFrame or a path to a file pandas reads, "
+        f"{where}: `{what}` must be a pandas DataFrame or a path to a file pandas reads, "
         f"got {type(table).__name__}."
     )
 
