@@ -152,6 +152,9 @@ def test_an_infusion_running_at_a_reset_is_refused():
         ((1, 0.0, 0, 10, 0, 5, 1, 1), COLUMNS, r"row 0 .*EVID 5 is not supported"),
         ((1, 0.0, 0, 10, 0, 1, 1, 3), COLUMNS, r"row 0 .*CMT 3, which `cmt_to_state`"),
         ((1, 0.0, 0, 0, 0, 1, 1, 1), COLUMNS, r"row 0 .*needs AMT > 0"),
+        ((1, 0.0, 0, np.inf, 0, 1, 1, 1), COLUMNS, r"row 0 .*needs AMT > 0"),
+        ((1, 0.0, 0, 10, 0, 1, 1, 1.5), COLUMNS, r"row 0 .*CMT 1.5, which"),
+        ((1, np.inf, 0, 10, 0, 1, 1, 1), COLUMNS, r"row 0 .*TIME must be a finite number"),
         ((1, 0.0, 0, 10, 0, 1, 1, 1, 0, 2), COLUMNS_II, r"row 0 .*ADDL=2 with II=0"),
     ],
 )

@@ -105,7 +105,17 @@ def _subjects(
                 f"`table`; it has {list(df.columns)}."
             )
     cov = {name: _numbers(df, name, id_col, None) for name in covariates}
-    for i in range(len(df)):
+    # A cheap vectorised pass finds the rows that need a closer look (and a message).
+    dose = np.isin(evid, (1, 4))
+    suspect = ~np.isfinite(time) | ~np.isin(evid, (0, 1, 2, 3, 4))
+    suspect |= np.nan_to_num(cols["SS"]) != 0
+    suspect |= np.any([np.isnan(v) for v in cov.values()], axis=0) if cov else False
+    suspect |= dose & ~np.isin(np.nan_to_num(cols["RATE"]), 0) & ~(np.nan_to_num(cols["RATE"]) > 0)
+    suspect |= dose & ~(np.isfinite(amt) & (amt > 0))
+    suspect |= dose & ~np.isin(cmt, [float(c) for c in cmt_to_state])
+    addl, ii = np.nan_to_num(cols["ADDL"]), np.nan_to_num(cols["II"])
+    suspect |= dose & ((addl < 0) | (addl != np.round(addl)) | ((addl > 0) & ~(ii > 0)))
+    for i in np.flatnonzero(suspect):
         _check_row(df, i, id_col, time[i], evid[i], cols, amt[i], cmt[i], cmt_to_state, cov)
 
     starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
