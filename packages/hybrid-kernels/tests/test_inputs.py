@@ -184,7 +184,7 @@ def test_solver_config_round_trips_its_jump_times():
 
 
 def test_input_table_rejects_unsorted_times():
-    with pytest.raises(ValueError, match="piecewise_constant: `ts` must be strictly increasing"):
+    with pytest.raises(ValueError, match="piecewise_constant: `ts` must be non-decreasing"):
         hk.piecewise_constant([1.0, 0.0], [1.0, 2.0])
 
 
@@ -226,3 +226,29 @@ def test_training_kernels_take_inputs_and_their_gradients(bucket):
     step = hk.build_bucket_step(scaled, lambda s: s, SOLVER, hk.masked_mse, (True,))
     loss, (g,) = step((jnp.asarray(1.0),), bucket, 1.0)
     assert np.isfinite(loss) and np.isfinite(g) and g != 0
+
+
+def test_piecewise_constant_joins_back_to_back_records_at_a_shared_knot():
+    # start/stop pairs of two back-to-back infusions: 5 on [0, 1), 3 on [1, 2), then 0
+    table = hk.piecewise_constant([0.0, 1.0, 1.0, 2.0], [5.0, 0.0, 3.0, 0.0])
+    assert table.ts.tolist() == [0.0, 1.0, 2.0]
+    assert table.values.tolist() == [5.0, 3.0, 0.0]
+
+
+def test_piecewise_constant_keeps_the_last_of_several_records_at_one_time():
+    table = hk.piecewise_constant([0.0, 1.0, 1.0, 1.0], [[1.0], [2.0], [3.0], [4.0]])
+    assert table.ts.tolist() == [0.0, 1.0]
+    assert table.values.tolist() == [[1.0], [4.0]]
+
+
+def test_piecewise_constant_with_a_shared_knot_reads_the_later_value_at_the_knot():
+    table = hk.piecewise_constant([0.0, 1.0, 1.0, 2.0], [5.0, 0.0, 3.0, 0.0])
+    signal = hk.InputSignal(diffrax.LinearInterpolation(*map(jnp.asarray, table.knots())))
+    assert [float(signal(t)) for t in (0.5, 1.0 - 1e-9, 1.0, 1.5, 2.0)] == pytest.approx(
+        [5.0, 5.0, 3.0, 3.0, 0.0]
+    )
+
+
+def test_piecewise_constant_still_refuses_a_decreasing_time():
+    with pytest.raises(ValueError, match="piecewise_constant: `ts` must be non-decreasing"):
+        hk.piecewise_constant([0.0, 1.0, 1.0, 0.5], [1.0, 2.0, 3.0, 4.0])

@@ -89,10 +89,50 @@ def test_custom_column_names_are_used():
     assert len(exps) == 2
 
 
-def test_a_duplicate_experiment_in_covariates_raises():
-    covs = pd.concat([COVS, COVS.iloc[:1]])
-    with pytest.raises(ValueError, match="lists experiment 'r1' twice"):
+def test_a_covariate_repeated_on_every_row_of_its_experiment_is_read_once():
+    covs = pd.concat([COVS, COVS.iloc[:1], COVS.iloc[1:], COVS.iloc[:1]])
+    exps = hk.experiments_from_table(long_table(), y0_fn=y0_fn, covariates=covs)
+    assert [float(e.covariates["x0"]) for e in exps] == [1.0, 3.0]
+
+
+def test_a_covariate_that_changes_within_an_experiment_names_experiment_and_column():
+    covs = pd.concat([COVS, COVS.iloc[:1].assign(x0=9.0)])
+    with pytest.raises(
+        ValueError, match=r"experiment 'r1', column 'x0': takes the values \[1.0, 9.0\]"
+    ):
         hk.experiments_from_table(long_table(), y0_fn=y0_fn, covariates=covs)
+
+
+def int_id_tables():
+    table = long_table().assign(experiment=lambda d: d.experiment.str[1:].astype(int))
+    covs = COVS.assign(experiment=[1.0, 2.0])  # floats, as pandas reads a column with gaps
+    feeds = FEEDS.assign(experiment=["1", "1", "2"])  # text
+    return table, covs, feeds
+
+
+def test_integer_float_and_text_ids_name_the_same_experiment():
+    table, covs, feeds = int_id_tables()
+    exps = hk.experiments_from_table(
+        table, y0_fn=y0_fn, covariates=covs, inputs=feeds, t0={1: 0.0, "2": 0.0}
+    )
+    assert [e.exp_id for e in exps] == ["1", "2"]
+    assert [float(e.covariates["x0"]) for e in exps] == [1.0, 3.0]
+    assert exps[0].inputs["feed"].ts.tolist() == [0.0, 1.5]
+
+
+def test_a_fractional_experiment_id_is_refused():
+    table = long_table().assign(experiment=1.5)
+    with pytest.raises(ValueError, match=r"experiment id 1\.5 is not a whole number"):
+        hk.experiments_from_table(table, y0_fn=y0_fn)
+
+
+def test_split_dataset_by_ids_accepts_integer_ids_from_a_table():
+    table, covs, _ = int_id_tables()
+    exps = hk.experiments_from_table(table, y0_fn=y0_fn, covariates=covs)
+    dataset = hk.make_dataset(exps, output_channel_names=["X", "S"])
+    rest, held = hk.split_dataset_by_ids(dataset, [2])
+    assert [e.exp_id for e in held.experiments] == ["2"]
+    assert [e.exp_id for e in rest.experiments] == ["1"]
 
 
 def test_a_missing_covariate_row_raises_naming_the_experiment():
@@ -114,8 +154,14 @@ def test_a_bad_observation_names_experiment_variable_and_field():
         hk.experiments_from_table(table, y0_fn=y0_fn, covariates=COVS)
 
 
+def test_input_rows_at_one_time_keep_the_last_row():
+    feeds = pd.concat([FEEDS, FEEDS.iloc[:1].assign(value=7.0)])  # a second switch at 1.5
+    exps = hk.experiments_from_table(long_table(), y0_fn=y0_fn, covariates=COVS, inputs=feeds)
+    assert exps[0].inputs["feed"].values.tolist() == [0.0, 7.0]
+
+
 def test_a_bad_input_table_names_experiment_variable_and_field():
-    feeds = pd.concat([FEEDS, FEEDS.iloc[:1]])  # a repeated switch time
+    feeds = FEEDS.assign(value=[2.0, np.inf, 1.0])
     with pytest.raises(ValueError, match="`inputs` experiment 'r1', variable 'feed'"):
         hk.experiments_from_table(long_table(), y0_fn=y0_fn, covariates=COVS, inputs=feeds)
 

@@ -46,6 +46,7 @@ from hybrid_kernels._losses import (
     masked_mse,
     resolve_loss_fn,
 )
+from hybrid_kernels._nonmem import experiments_from_nonmem
 from hybrid_kernels._objective import Objective, build_objective
 from hybrid_kernels._penalties import (
     PenaltyPointSource,
@@ -173,6 +174,7 @@ __all__ = [
     "default_ui",
     "describe_buckets",
     "ensemble_predictions",
+    "experiments_from_nonmem",
     "experiments_from_table",
     "failed_exp_ids",
     "fold_key",

@@ -11,9 +11,13 @@ controller through `SolverConfig.diffeqsolve` (see [`hybrid_kernels.SolverConfig
 
 A table's own times are strictly increasing: a repeated time would give one instant two
 values, and a step is what a `"constant"` table already means. (The repeated knots above are
-made by `knots()`, never given.) Every time must also leave room for a step of 1 on either
-side in the dtype of the solve (`t + 1 != t`): `knots()` holds the end values one time unit
-beyond the table, and the step-size controller must step just before and after each switch.
+made by `knots()`, never given.) [`hybrid_kernels.piecewise_constant`][] accepts adjacent
+records that share a time (one segment ends as the next begins) and keeps the last record at
+each time, so the table it returns is strictly increasing.
+
+Every time must also leave room for a step of 1 on either side in the dtype of the solve
+(`t + 1 != t`): `knots()` holds the end values one time unit beyond the table, and the
+step-size controller must step just before and after each switch.
 Times beyond that (about 4.5e15 in float64, 8.4e6 in float32) are refused, naming the input,
 by `make_experiment` and `make_dataset`; shift or rescale them (hours instead of seconds).
 """
@@ -136,12 +140,31 @@ def piecewise_constant(ts: Any, values: Any) -> InputTable:
 
     **Arguments:**
 
-    - `ts`: switch times `[K]`, strictly increasing.
-    - `values`: `[K]` or `[K, C]`; `values[0]` also holds before `ts[0]`.
+    - `ts`: switch times `[K]`, non-decreasing. A time may repeat: adjacent records, where
+        one segment ends and the next begins (back-to-back infusions logged as start/stop
+        pairs give `[0, 1, 1, 2]`).
+    - `values`: `[K]` or `[K, C]`; the value at the first time also holds before it.
 
-    The signal is right-continuous: at a switch time it already has the new value.
+    The signal is right-continuous: at a switch time it already has the new value. Records
+    are read in order, so of several records at one time the **last** one holds from that
+    time on; the earlier ones hold on an empty interval and are dropped (`ts=[0, 1, 1, 2]`,
+    `values=[5, 0, 3, 0]` is 5 on `[0, 1)`, 3 on `[1, 2)`, 0 from 2). The table returned
+    has strictly increasing times. Raises `ValueError` for a decreasing time, a non-finite
+    time or value, or mismatched shapes.
     """
-    return _table(ts, values, "constant", "piecewise_constant")
+    where = "piecewise_constant"
+    ts = np.asarray(ts, dtype=np.float64)
+    values = np.asarray(values, dtype=np.float64)
+    if ts.ndim == 1 and ts.size > 1 and values.shape[:1] == ts.shape:
+        if np.all(np.isfinite(ts)) and np.any(np.diff(ts) < 0):
+            raise ValueError(
+                f"{where}: `ts` must be non-decreasing (a repeated time is allowed; the last "
+                f"record at a time holds from it), got {ts.tolist()}."
+            )
+        # The last record of each run of equal times is the one that holds from that time.
+        last = np.append(ts[1:] != ts[:-1], True)
+        ts, values = ts[last], values[last]
+    return _table(ts, values, "constant", where)
 
 
 def piecewise_linear(ts: Any, values: Any) -> InputTable:

@@ -22,6 +22,7 @@ import io
 import json
 import os
 import re
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -80,12 +81,41 @@ def _modules(tree: Any, prefix: str = "") -> list[dict[str, Any]]:
     return found
 
 
-def _class_path(cls: type) -> str:
+def _module_part(part: str) -> str:
     # Modules went private (`hybrid_kernels.bounded` -> `hybrid_kernels._bounded`) without the
     # classes changing; recording the path without leading underscores keeps files written
-    # before and after that move comparable.
-    module = ".".join(part.lstrip("_") or part for part in cls.__module__.split("."))
+    # before and after that move comparable. A dunder name (`__main__`) is kept whole.
+    if part.startswith("__") and part.endswith("__"):
+        return part
+    return part.lstrip("_") or part
+
+
+def _class_path(cls: type) -> str:
+    module = ".".join(_module_part(part) for part in cls.__module__.split("."))
     return f"{module}.{cls.__qualname__}"
+
+
+def _saved_class(name: str) -> str:
+    # Files written before dunder names were kept record `__main__.X` as `main__.X`.
+    return "__main__." + name[len("main__.") :] if name.startswith("main__.") else name
+
+
+def _script_class(saved: str, template: str) -> bool:
+    """True when one side was defined in a script (`__main__`) and the class names agree."""
+    s_module, _, s_name = saved.rpartition(".")
+    t_module, _, t_name = template.rpartition(".")
+    return s_name == t_name and "__main__" in (s_module, t_module) and s_module != t_module
+
+
+def _warn_script_class(saved: str, template: str, where: str) -> None:
+    warnings.warn(
+        f"load_predictors: the file holds {saved} at {where} and the template has {template}; "
+        "one of them was defined in a script run as __main__, so they are matched by class "
+        f"name ({saved.rpartition('.')[2]}), static configuration and leaf shapes. To silence "
+        "this, define the class in a module that both the saving and the loading code import.",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 def _fingerprint(predictors: Any) -> dict[str, Any]:
@@ -98,9 +128,21 @@ def _fingerprint(predictors: Any) -> dict[str, Any]:
 
 def _fingerprint_mismatch(saved: dict[str, Any], template: dict[str, Any]) -> str | None:
     for s, t in zip(saved["modules"], template["modules"], strict=False):
+        where = t["path"] or "(root)"
+        s = {**s, "class": _saved_class(s["class"])}
+        if s["class"] != t["class"] and s["path"] == t["path"]:
+            if _script_class(s["class"], t["class"]):
+                _warn_script_class(s["class"], t["class"], where)
+                s = {**s, "class": t["class"]}
+            elif "__main__" in (s["class"].rpartition(".")[0], t["class"].rpartition(".")[0]):
+                return (
+                    f"the template has {t['class']} at {where}, but the file holds "
+                    f"{s['class']} at {s['path'] or '(root)'} (a class defined in a script run "
+                    "as __main__ is matched by its class name only; build the template from a "
+                    f"class named {s['class'].rpartition('.')[2]})"
+                )
         if s == t:
             continue
-        where = t["path"] or "(root)"
         if s["class"] != t["class"] or s["path"] != t["path"]:
             return (
                 f"the template has {t['class']} at {where}, but the file holds {s['class']} "
@@ -252,6 +294,10 @@ def load_predictors(path: str | os.PathLike[str], template: Any) -> Any:
     read; when the file is not a predictors file, fails its checksum (it was
     truncated or altered), or when the template does not match what was saved (the message
     names the first differing leaf or the structure).
+
+    A class defined in a script (recorded as `__main__.Name`) matches a template class of the
+    same name from any module, and the other way round, with a `UserWarning` that names both;
+    a different class name raises, naming the class the file holds.
     """
     header, leaves = _read(path)
     try:

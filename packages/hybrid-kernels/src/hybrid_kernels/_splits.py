@@ -14,6 +14,7 @@ import numpy as np
 from jaxtyping import Array
 
 from hybrid_kernels._data import Dataset, _rebucketed
+from hybrid_kernels._ids import id_text
 from hybrid_kernels._preflight import check_int
 
 
@@ -101,13 +102,15 @@ def make_bootstrap_dataset(
     return _rebucketed(dataset, [exps[i] for i in idx])
 
 
-def split_dataset_by_ids(dataset: Dataset, exp_ids: Sequence[str]) -> tuple[Dataset, Dataset]:
+def split_dataset_by_ids(dataset: Dataset, exp_ids: Sequence[str | int]) -> tuple[Dataset, Dataset]:
     """Split named experiments off a dataset (held-out runs), re-bucketing both parts.
 
     **Arguments:**
 
     - `dataset`: the dataset (it must still hold its source experiments).
-    - `exp_ids`: the ids to split off; each must name an experiment of `dataset`.
+    - `exp_ids`: the ids to split off; each must name an experiment of `dataset`. An integer
+        names the experiment whose id is its text, as the table readers write it (`7` and
+        `"7"` both name experiment `"7"`).
 
     **Returns:** `(rest, selected)`, each built with `dataset`'s options; `selected` keeps the
     order of `exp_ids`. An empty part has no payloads.
@@ -118,7 +121,7 @@ def split_dataset_by_ids(dataset: Dataset, exp_ids: Sequence[str]) -> tuple[Data
             f"split_dataset_by_ids: `exp_ids` must be a sequence of ids, got the string "
             f"{exp_ids!r}; wrap it in a list."
         )
-    wanted = list(exp_ids)
+    wanted = [id_text(i, "split_dataset_by_ids: `exp_ids`") for i in exp_ids]
     by_id = {e.exp_id: e for e in dataset.experiments}
     unknown = [i for i in wanted if i not in by_id]
     if unknown:

@@ -19,6 +19,7 @@ import numpy as np
 from hybrid_kernels._data import Dataset
 from hybrid_kernels._distributed import to_host
 from hybrid_kernels._experiments import ChannelObs, Experiment, make_experiment
+from hybrid_kernels._ids import id_column, id_text
 from hybrid_kernels._inputs import INPUT_KINDS, piecewise_constant, piecewise_linear
 from hybrid_kernels._optional import require
 from hybrid_kernels._paths import file_to_read, unreadable
@@ -30,7 +31,7 @@ def _pandas() -> Any:
     return require("pandas", "table", "Tables")
 
 
-def _read(table: Any, what: str) -> Any:
+def _read(table: Any, what: str, where: str = _WHERE) -> Any:
     """A DataFrame from a DataFrame, or from a path pandas can read (CSV, Parquet, Excel)."""
     pd = _pandas()
     if isinstance(table, pd.DataFrame):
@@ -46,7 +47,7 @@ def _read(table: Any, what: str) -> Any:
         except OSError as error:  # a file the system refuses to read (permissions...)
             raise unreadable(what, path, error) from None
     raise TypeError(
-        f"{_WHERE}: `{what}` must be a pandas DataFrame or a path to a file pandas reads, "
+        f"{where}: `{what}` must be a pandas DataFrame or a path to a file pandas reads, "
         f"got {type(table).__name__}."
     )
 
@@ -83,6 +84,12 @@ def _labels(df: Any, col: str, what: str) -> Any:
             "experiment id or a variable name)."
         )
     return cells.astype(str)
+
+
+def _exp_labels(df: Any, col: str, what: str) -> Any:
+    """The experiment column as text ids (see `hybrid_kernels._ids`): `1` and `1.0` are `'1'`."""
+    _labels(df, col, what)  # refuses missing and blank cells first
+    return id_column(df[col], f"{_WHERE}: `{what}` column {col!r}")
 
 
 def _numeric(df: Any, col: str, what: str, exp_col: str, var_col: str | None) -> np.ndarray:
@@ -125,7 +132,9 @@ def experiments_from_table(
         one time are replicates: each is kept as its own observation and counts in the loss.
     - `y0_fn`: as for [`hybrid_kernels.make_experiment`][]: `(covariates, channels) -> [S]`,
         the state at `t0`.
-    - `covariates`: one row per experiment: `exp_col` and one column per covariate.
+    - `covariates`: `exp_col` and one column per covariate: one row per experiment, or a
+        covariate repeated on several rows of its experiment (as NONMEM tables do), as long
+        as it has the same value on each.
     - `inputs`: long-format time-varying inputs: `exp_col`, `time_col`, `variable_col` (the
         input name) and `value_col`; each (experiment, input) is one table.
     - `input_kinds`: input name → `"constant"` (default: a step signal such as a feed) or
@@ -138,12 +147,14 @@ def experiments_from_table(
         [`hybrid_kernels.predictions_table`][] writes the same names back.
 
     **Returns:** the experiments in order of first appearance; `exp_id` is the experiment
-    column as a string. Every error names the experiment, the variable and the field; an
-    experiment listed twice in `covariates` raises.
+    column as text, whole numbers without a `.0` (`1`, `1.0` and `"1"` are all `"1"`, as in
+    [`hybrid_kernels.split_dataset_by_ids`][]; `t0` may be keyed either way). Every error
+    names the experiment, the variable and the field.
 
     **Raises:** `ValueError` for a missing or blank experiment id or variable name (with the
     row numbers, counted from 0 at the first data row), a `std` that is present but not
-    finite and > 0, a covariate that is not a finite number (naming experiment and column),
+    finite and > 0, a covariate that is not a finite number or differs between rows of one
+    experiment (naming experiment and column), a fractional experiment id,
     and a path that does not exist, is a directory or cannot be read (naming the argument).
     """
     obs = _read(observations, "observations")
@@ -152,7 +163,7 @@ def experiments_from_table(
     has_std = std_col is not None and std_col in obs.columns
     obs = obs.assign(
         **{
-            exp_col: _labels(obs, exp_col, "observations"),
+            exp_col: _exp_labels(obs, exp_col, "observations"),
             variable_col: _labels(obs, variable_col, "observations"),
         }
     )
@@ -165,6 +176,9 @@ def experiments_from_table(
     ids = list(dict.fromkeys(obs[exp_col]))
 
     cov_rows = _covariate_rows(covariates, exp_col, ids)
+    starts = (
+        {id_text(k, f"{_WHERE}: `t0`"): v for k, v in t0.items()} if isinstance(t0, Mapping) else {}
+    )
     tables = _input_tables(inputs, input_kinds or {}, exp_col, time_col, variable_col, value_col)
 
     keep = ~np.isnan(values)
@@ -184,7 +198,7 @@ def experiments_from_table(
                     f"{_WHERE}: experiment {exp_id!r}, variable {name!r}: {e} (fields "
                     f"{time_col!r}, {value_col!r}{', ' + repr(std_col) if has_std else ''})"
                 ) from e
-        start = t0.get(exp_id) if isinstance(t0, Mapping) else t0
+        start = starts.get(exp_id) if isinstance(t0, Mapping) else t0
         try:
             exp = make_experiment(
                 covariates=cov_rows.get(exp_id, {}),
@@ -218,13 +232,7 @@ def _covariate_rows(covariates: Any, exp_col: str, ids: list[str]) -> dict[str, 
         return {}
     df = _read(covariates, "covariates")
     _need(df, [exp_col], "covariates")
-    df = df.assign(**{exp_col: _labels(df, exp_col, "covariates")})
-    dup = df[exp_col][df[exp_col].duplicated()]
-    if len(dup):
-        raise ValueError(
-            f"{_WHERE}: `covariates` lists experiment {dup.iloc[0]!r} twice (field {exp_col!r}); "
-            "give one row per experiment."
-        )
+    df = df.assign(**{exp_col: _exp_labels(df, exp_col, "covariates")})
     missing = [i for i in ids if i not in set(df[exp_col])]
     if missing:
         raise ValueError(
@@ -249,9 +257,34 @@ def _covariate_rows(covariates: Any, exp_col: str, ids: list[str]) -> dict[str, 
                 f"{cell!r} {why} ({_rows(bad)}); every covariate must be a finite number."
             )
         columns[c] = values
-    return {
-        exp_id: {c: float(columns[c][i]) for c in names} for i, exp_id in enumerate(ids_in_order)
-    }
+    return constant_per_group(columns, ids_in_order, f"{_WHERE}: `covariates`")
+
+
+def constant_per_group(
+    columns: Mapping[str, np.ndarray], ids: Sequence[str], where: str
+) -> dict[str, dict[str, float]]:
+    """Each id's value of each column, which must be the same on every row of that id.
+
+    A covariate may be repeated on every row of its experiment (as NONMEM tables do); rows
+    that disagree raise `ValueError` naming the experiment, the column and the rows.
+    """
+    groups: dict[str, list[int]] = {}
+    for i, exp_id in enumerate(ids):
+        groups.setdefault(exp_id, []).append(i)
+    out = {}
+    for exp_id, rows in groups.items():
+        out[exp_id] = {}
+        for c, values in columns.items():
+            seen = values[rows]
+            if np.any(seen != seen[0]):
+                raise ValueError(
+                    f"{where} experiment {exp_id!r}, column {c!r}: takes the values "
+                    f"{list(dict.fromkeys(seen.tolist()))} in {_rows(np.asarray(rows))}; a "
+                    "covariate must be the same on every row of its experiment (give a value "
+                    "that changes over time as an input)."
+                )
+            out[exp_id][c] = float(seen[0])
+    return out
 
 
 def _input_tables(inputs, kinds, exp_col, time_col, variable_col, value_col):
@@ -259,7 +292,8 @@ def _input_tables(inputs, kinds, exp_col, time_col, variable_col, value_col):
         return {}
     df = _read(inputs, "inputs")
     _need(df, [exp_col, time_col, variable_col, value_col], "inputs")
-    labels = {c: _labels(df, c, "inputs") for c in (exp_col, variable_col)}
+    labels = {exp_col: _exp_labels(df, exp_col, "inputs")}
+    labels[variable_col] = _labels(df, variable_col, "inputs")
     df = df.assign(**labels)
     for name, kind in kinds.items():
         if kind not in INPUT_KINDS:

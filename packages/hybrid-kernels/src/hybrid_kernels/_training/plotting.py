@@ -96,6 +96,8 @@ def plot_fit(
     max_experiments: int = 4,
     n_points: int = 200,
     channels: Sequence[str] | None = None,
+    log_y: bool = False,
+    t_range: tuple[float, float] | None = None,
 ) -> Any:
     """Plot observations against the model's trajectories on a dense time grid.
 
@@ -110,11 +112,26 @@ def plot_fit(
     - `max_experiments`: the number of panels when `exp_ids` is `None`.
     - `n_points`: points of the dense grid per experiment.
     - `channels`: names of the output channels to show; `None` shows all.
+    - `log_y`: a logarithmic y axis (concentrations spanning decades). Non-positive values,
+        measured or predicted, are left out (a log axis cannot show them), and each panel's
+        y-range is set from the positive values inside `t_range`: from a decade below the
+        smallest positive measurement (or the smallest positive prediction when nothing
+        positive was measured) to a little above the largest value. So a curve that starts at
+        0, as a concentration before its first dose does, does not squash the panel.
+    - `t_range`: `(t_start, t_end)`, the time window shown on every panel; `None` shows each
+        experiment from its `t0` to its last time. The y-range follows the values inside it.
 
     **Returns:** the matplotlib `Figure`. With several processes, call it on every process
     (rows held by other processes are gathered) and save the figure from process 0.
     """
     plt = require("matplotlib.pyplot", "plot", "Plots")
+    if t_range is not None:
+        lo, hi = (float(t) for t in t_range)
+        if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
+            raise ValueError(
+                f"plot_fit: `t_range` must be two finite times (start, end) with start < end, "
+                f"got {tuple(t_range)!r}."
+            )
     dataset = held_whole(dataset)  # rows spread over several processes are gathered first
     names = list(dataset.output_channel_names)
     shown = names if channels is None else list(channels)
@@ -149,14 +166,60 @@ def plot_fit(
         bp = dataset.bucket_payloads[b]
         ts_dense, pred = (np.asarray(a) for a in dense[b])
         ts = np.asarray(bp.ts[r])
+        measured, predicted = [], []
         for colour, name in enumerate(shown):
             d = names.index(name)
             m = np.asarray(bp.mask[r, :, d])
-            ax.plot(ts[m], np.asarray(bp.y_observed[r, :, d])[m], "o", ms=3, color=f"C{colour}")
-            ax.plot(ts_dense[r], pred[r, :, d], "-", lw=1.4, color=f"C{colour}", label=name)
+            t_obs, y_obs = ts[m], np.asarray(bp.y_observed[r, :, d])[m]
+            t_fit, y_fit = ts_dense[r], np.array(pred[r, :, d], dtype=float)
+            if log_y:
+                y_obs = np.where(y_obs > 0, y_obs, np.nan)
+                y_fit = np.where(y_fit > 0, y_fit, np.nan)
+            ax.plot(t_obs, y_obs, "o", ms=3, color=f"C{colour}")
+            ax.plot(t_fit, y_fit, "-", lw=1.4, color=f"C{colour}", label=name)
+            measured.append(_inside(t_obs, y_obs, t_range))
+            predicted.append(_inside(t_fit, y_fit, t_range))
+        if t_range is not None:
+            ax.set_xlim(*t_range)
+        if log_y:
+            ax.set_yscale("log")
+            limits = _log_limits(np.concatenate(measured), np.concatenate(predicted))
+            if limits is not None:
+                ax.set_ylim(*limits)
+        elif t_range is not None:
+            limits = _linear_limits(np.concatenate([*measured, *predicted]))
+            if limits is not None:
+                ax.set_ylim(*limits)
         ax.set_title(exp_id or f"bucket {b} row {r}", fontsize=9)
         ax.set_xlabel("t")
     for ax in list(axes.flat)[len(rows) :]:
         ax.set_visible(False)
     axes.flat[0].legend(frameon=False, fontsize=8)
     return fig
+
+
+def _inside(t: np.ndarray, y: np.ndarray, t_range: tuple[float, float] | None) -> np.ndarray:
+    """The finite values of `y` whose time lies in `t_range` (all of them without one)."""
+    keep = np.isfinite(y)
+    if t_range is not None:
+        keep &= (t >= t_range[0]) & (t <= t_range[1])
+    return y[keep]
+
+
+def _log_limits(measured: np.ndarray, predicted: np.ndarray) -> tuple[float, float] | None:
+    # The lower limit comes from the data, not from the curve, whose start at 0 would otherwise
+    # reach down to 1e-12 and flatten everything measured into the top of the panel.
+    measured, predicted = measured[measured > 0], predicted[predicted > 0]
+    if not measured.size and not predicted.size:
+        return None
+    low = measured.min() / 10 if measured.size else predicted.min()
+    high = max(measured.max() if measured.size else 0.0, predicted.max() if predicted.size else 0)
+    return low, high * 1.5
+
+
+def _linear_limits(values: np.ndarray) -> tuple[float, float] | None:
+    if not values.size:
+        return None
+    low, high = float(values.min()), float(values.max())
+    pad = 0.05 * (high - low) if high > low else max(abs(high), 1.0) * 0.05
+    return low - pad, high + pad

@@ -1,0 +1,37 @@
+"""Smoke test of examples/population_pk.py: reads its shipped NONMEM-style CSV, trains both
+models a few steps, predicts the held-out subjects and writes the plots and the IPRED table.
+
+Compiling the two models dominates (minutes on a shared 2-core CPU), hence `slow`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("pandas")
+pytest.importorskip("matplotlib")
+
+import population_pk  # examples/ is on sys.path, see conftest.py
+
+
+@pytest.mark.slow
+def test_population_pk_example_runs_end_to_end_on_its_shipped_data(tmp_path):
+    result = population_pk.main(steps=2, out=tmp_path, verbose=False)
+    table = result["table"]
+    assert set(table.model) == {"MLP", "bank"}
+    assert set(table.ID) == {str(i) for i in population_pk.HELD_OUT}
+    assert {"IPRED", "IRES"} <= set(table.columns)
+    for name in ("population_pk_elimination.png", "population_pk_fit.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert (tmp_path / "population_pk_heldout.csv").exists()
+
+
+def test_the_shipped_table_has_dv_zero_dose_rows_boluses_and_joined_infusions():
+    pd = pytest.importorskip("pandas")
+    table = pd.read_csv(population_pk.HERE / "population_pk.csv")
+    doses = table[table.EVID == 1]
+    assert (doses.DV == 0).all()
+    assert (doses.RATE == 0).any() and (doses.RATE > 0).any()
+    assert table.ID.nunique() == population_pk.N_SUBJECTS
+    experiments = population_pk.read(table)
+    assert [e.channels["C"].ts.size for e in experiments] == [len(population_pk.SAMPLES)] * 12
