@@ -82,12 +82,27 @@ def _simulate_with_steps(predictors, bp, *, simulate_fn, solver):
         pf.check_simulate_out(out, bp)
         return out, _row_steps(row, ts)
 
-    return jax.vmap(one)(bp.ts, bp.covariates, bp.y0, bp.inputs, bp.jump_ts)
+    return _per_row(one)(bp.ts, bp.covariates, bp.y0, bp.inputs, bp.jump_ts)
+
+
+def _per_row(one):
+    """`jax.vmap(one)`, except for a one-row bucket (a static shape), where `one` runs on row 0
+    directly: a vmapped diffrax solve is a batched solver loop, which costs a one-trajectory
+    problem about half its step time. The result is the same up to rounding."""
+
+    def run(*rows):
+        if rows[0].shape[0] != 1:  # rows[0] is `ts [N, T]`
+            return jax.vmap(one)(*rows)
+        out = one(*jax.tree.map(lambda x: x[0], rows))
+        return jax.tree.map(lambda x: x[None], out)
+
+    return run
 
 
 def _row_steps(row, ts) -> Array:
-    # Only a solve traced at this row's own level can leave the vmap: one made inside a nested
-    # transform of simulate_fn (its own vmap, scan, ...) would leak a tracer.
+    # Only a solve traced at this row's own level can leave the row function: one made inside
+    # a nested transform of simulate_fn (its own vmap, scan, ...) would leak a tracer. Without
+    # the vmap (one-row buckets) the row's level is that of the caller, where `ts` lives too.
     stats = [
         st
         for st in row.stats
