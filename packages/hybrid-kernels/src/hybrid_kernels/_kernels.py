@@ -160,10 +160,14 @@ class _Objective(eqx.Module):
             full, steps = _simulate_with_steps(
                 predictors, bp_m, simulate_fn=self.simulate_fn, solver=self.solver
             )
-            failed = jnp.zeros(bp.ts.shape[:1], bool)
         else:
             full, failed, bp_m, steps = self._tolerant(predictors, bp_m, differentiable)
-        loss = self.loss_fn(_project(full, bp_m, self.state_to_output), bp_m)
+        pred = _project(full, bp_m, self.state_to_output)
+        if self.solver.throw:
+            # No solve failed (it would have raised), but a row whose scored predictions are
+            # not finite makes the loss non-finite: flag it, so the skipped step names it.
+            failed = ~jnp.all(jnp.isfinite(pred) | ~bp_m.mask, axis=(1, 2))
+        loss = self.loss_fn(pred, bp_m)
         pf.check_scalar(loss, "loss_fn", bp)
         if self.trajectory_penalty_fn is not None:
             pen = self.trajectory_penalty_fn(full, bp_m)
@@ -316,7 +320,9 @@ def build_bucket_step(
         over rows should weigh them by it.
     - `trajectory_penalty_weight`: the default weight of that penalty (finite, >= 0).
     - `return_status`: also return `failed [N]` bool flags (see
-        [`hybrid_kernels.failed_exp_ids`][]).
+        [`hybrid_kernels.failed_exp_ids`][]): with `throw=False`, the rows whose solve failed
+        (masked out of the loss); with `throw=True`, the rows whose scored predictions are
+        not finite (they make the loss non-finite).
 
     **Returns:** `bucket_step(predictors, bp, length_mask_fraction,
     trajectory_penalty_weight=None)`. The weight is a traced argument: `None` uses the
