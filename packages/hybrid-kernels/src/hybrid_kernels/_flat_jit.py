@@ -139,7 +139,8 @@ def call(run: Callable, static: tuple, dynamic: list, *args: Any, wait: bool) ->
         try:
             arrays, rest = run(static, dynamic, *args)
             jax.block_until_ready(arrays)
-        except jax.errors.JaxRuntimeError as e:
+        # A failed check can also surface as ValueError("INTERNAL: CpuCallback error ...").
+        except (jax.errors.JaxRuntimeError, ValueError) as e:
             message = equinox_message(e)
             if message is None:
                 raise

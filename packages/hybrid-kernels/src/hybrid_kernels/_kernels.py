@@ -38,8 +38,8 @@ from hybrid_kernels._dispatch import (
     _strong_flat,
 )
 from hybrid_kernels._errors import no_host_callbacks
-from hybrid_kernels._inputs import row_signals
-from hybrid_kernels._solver import SolverConfig, row_context
+from hybrid_kernels._simulate import _simulate_bucket, _simulate_with_steps
+from hybrid_kernels._solver import SolverConfig
 
 
 def apply_length_mask(bp: BucketPayload, length_mask_fraction: Array) -> BucketPayload:
@@ -61,44 +61,6 @@ def apply_length_mask(bp: BucketPayload, length_mask_fraction: Array) -> BucketP
     keep = scored_rows(bp.row_lengths, bp.ts.shape[1], length_mask_fraction)  # [N, T]
     mask = bp.mask & keep[:, :, None]
     return bp._replace(mask=mask, n_obs=mask.sum().astype(bp.n_obs.dtype))
-
-
-def _simulate_bucket(predictors, bp, *, simulate_fn, solver) -> Float[Array, "N T S"]:
-    return _simulate_with_steps(predictors, bp, simulate_fn=simulate_fn, solver=solver)[0]
-
-
-def _simulate_with_steps(predictors, bp, *, simulate_fn, solver):
-    """`(full [N, T, S], steps [N, 2])`: the states, and each row's accepted and rejected
-    solver steps (-1 where `simulate_fn` made no `solver.diffeqsolve` call we could read).
-
-    Each row's input signals join its covariates, and its jump times and state jumps reach
-    every `solver.diffeqsolve` call it makes (`row_context`).
-    """
-
-    def one(ts, covariates, y0, inputs, jump_ts, jumps):
-        covariates = {**covariates, **row_signals(inputs or {})}
-        with row_context(jump_ts, jumps) as row:
-            out = simulate_fn(predictors, ts, covariates, y0, solver)
-        row.check_jumps_applied()
-        pf.check_simulate_out(out, bp)
-        return out, _row_steps(row, ts)
-
-    return jax.vmap(one)(bp.ts, bp.covariates, bp.y0, bp.inputs, bp.jump_ts, bp.jumps)
-
-
-def _row_steps(row, ts) -> Array:
-    # Only a solve traced at this row's own level can leave the vmap: one made inside a nested
-    # transform of simulate_fn (its own vmap, scan, ...) would leak a tracer.
-    stats = [
-        st
-        for st in row.stats
-        if getattr(st.get("num_accepted_steps"), "_trace", None) is getattr(ts, "_trace", None)
-    ]
-    if not stats:
-        return jnp.full((2,), -1, jnp.int32)
-    acc = sum(jnp.asarray(st["num_accepted_steps"], jnp.int32) for st in stats)
-    rej = sum(jnp.asarray(st["num_rejected_steps"], jnp.int32) for st in stats)
-    return jnp.stack([acc, rej])
 
 
 def _project(full, bp, state_to_output):
@@ -146,10 +108,14 @@ class _Objective(eqx.Module):
             full, steps = _simulate_with_steps(
                 predictors, bp_m, simulate_fn=self.simulate_fn, solver=self.solver
             )
-            failed = jnp.zeros(bp.ts.shape[:1], bool)
         else:
             full, failed, bp_m, steps = self._tolerant(predictors, bp_m, differentiable)
-        loss = self.loss_fn(_project(full, bp_m, self.state_to_output), bp_m)
+        pred = _project(full, bp_m, self.state_to_output)
+        if self.solver.throw:
+            # No solve failed (it would have raised), but a row whose scored predictions are
+            # not finite makes the loss non-finite: flag it, so the skipped step names it.
+            failed = ~jnp.all(jnp.isfinite(pred) | ~bp_m.mask, axis=(1, 2))
+        loss = self.loss_fn(pred, bp_m)
         pf.check_scalar(loss, "loss_fn", bp)
         if self.trajectory_penalty_fn is not None:
             pen = self.trajectory_penalty_fn(full, bp_m)
@@ -312,7 +278,9 @@ def build_bucket_step(
         over rows should weigh them by it.
     - `trajectory_penalty_weight`: the default weight of that penalty (finite, >= 0).
     - `return_status`: also return `failed [N]` bool flags (see
-        [`hybrid_kernels.failed_exp_ids`][]).
+        [`hybrid_kernels.failed_exp_ids`][]): with `throw=False`, the rows whose solve failed
+        (masked out of the loss); with `throw=True`, the rows whose scored predictions are
+        not finite (they make the loss non-finite).
 
     **Returns:** `bucket_step(predictors, bp, length_mask_fraction,
     trajectory_penalty_weight=None)`. The weight is a traced argument: `None` uses the

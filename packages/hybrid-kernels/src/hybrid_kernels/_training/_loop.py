@@ -34,6 +34,7 @@ from hybrid_kernels._training._step import (
     new_carry,
     set_learning_rate,
     take_step,
+    trainable_leaf_names,
 )
 from hybrid_kernels._training.history import LossHistory, NonFiniteTrainingError
 from hybrid_kernels._training.hooks import apply_hook
@@ -288,6 +289,8 @@ def _sync(setup: Setup, st: LoopState) -> bool:
         ui.on_step_end(step=step, phase_idx=phase, loss=loss, penalty=pen)
         if flags.any():
             _report_failures(setup, st, step, phase, flags)
+        if stats[4:].any():
+            _update_overflowed(setup, st, phase, step, stats[4:])
         if bool(ok):
             st.bad_in_row = 0
             continue
@@ -310,10 +313,22 @@ def _report_failures(setup: Setup, st: LoopState, step: int, phase: int, flags: 
 
 def _diverged(setup: Setup, st: LoopState, phase: int, step: int) -> None:
     _end(setup, st, float("nan"))
+    streak = st.history.bad_steps[-st.bad_in_row :]
+    ids = tuple(dict.fromkeys(i for s in streak for i in st.history.failed.get(s, ())))
+    if ids:
+        named = (
+            f" Experiments whose predictions were non-finite or whose solve failed in those "
+            f"steps: {list(ids)} (by step in .history.failed)."
+        )
+    else:
+        named = (
+            " No experiment's predictions were non-finite in those steps: the non-finite "
+            "value came from the gradient, a penalty or the loss function."
+        )
     raise NonFiniteTrainingError(
         f"training stopped in phase {phase} at step {step}: {st.bad_in_row} steps in a row "
         "had a non-finite loss or gradient, or no experiment that solved "
-        f"(max_bad_steps={setup.config.max_bad_steps}). "
+        f"(max_bad_steps={setup.config.max_bad_steps}).{named} "
         "They were not applied; the last good and the best parameters are on this error "
         "(.predictors, .best_predictors)",
         phase=phase,
@@ -322,6 +337,37 @@ def _diverged(setup: Setup, st: LoopState, phase: int, step: int) -> None:
         opt_state=st.carry.opt_state,
         best_predictors=st.carry.best_predictors,
         history=st.history,
+        exp_ids=ids,
+    )
+
+
+def _update_overflowed(setup: Setup, st: LoopState, phase: int, step: int, broke: Any) -> None:
+    """The update of a finite step made trainable parameters non-finite: stop, naming it."""
+    _end(setup, st, float("nan"))
+    names = trainable_leaf_names(st.carry.predictors, setup.engine.trainable)
+    flags = np.asarray(broke) > 0
+    leaves = (
+        tuple(n for n, f in zip(names, flags, strict=False) if f)
+        if len(names) == len(flags)
+        else ()
+    )
+    c = setup.config
+    opt = c.optimizer[phase]
+    opt = opt if isinstance(opt, str) else getattr(opt, "__name__", type(opt).__name__)
+    raise NonFiniteTrainingError(
+        f"training stopped in phase {phase} at step {step}: the optimiser update (optimizer "
+        f"{opt!r}, learning rate {c.lr[phase]:g}) made trainable parameter(s) "
+        f"{list(leaves) if leaves else '(unnamed)'} non-finite, from a finite loss and "
+        "gradient. This is an update problem, not a solver one: lower the learning rate or "
+        "clip the update. It was not applied; the last good and the best parameters are on "
+        "this error (.predictors, .best_predictors)",
+        phase=phase,
+        step=step,
+        predictors=st.carry.predictors,
+        opt_state=st.carry.opt_state,
+        best_predictors=st.carry.best_predictors,
+        history=st.history,
+        leaves=leaves,
     )
 
 

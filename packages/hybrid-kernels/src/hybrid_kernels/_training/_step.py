@@ -105,6 +105,26 @@ def _all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
 
 
+def _made_nonfinite(before: Any, after: Any, grads: Any) -> jax.Array:
+    """`[L]` bool, one per trainable leaf (an inexact array with a gradient), in tree order:
+    whether the update made a finite entry non-finite. Entries already non-finite (a bound
+    that is `inf`) are not counted."""
+    flags: list[jax.Array] = []
+
+    def check(g: Any, b: Any, a: Any) -> None:
+        if g is not None and eqx.is_inexact_array(a):
+            flags.append(jnp.any(jnp.isfinite(b) & ~jnp.isfinite(a)))
+
+    jax.tree_util.tree_map(check, grads, before, after, is_leaf=lambda x: x is None)
+    return jnp.stack(flags) if flags else jnp.zeros((0,), bool)
+
+
+def trainable_leaf_names(predictors: Any, trainable: Any) -> list[str]:
+    """The paths of the leaves `_made_nonfinite` checks, in the same order."""
+    kept = eqx.filter(eqx.filter(predictors, trainable), eqx.is_inexact_array)
+    return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(kept)[0]]
+
+
 def any_solved(failed: tuple[jax.Array, ...], row_weights: tuple[jax.Array, ...]) -> jax.Array:
     """Whether at least one real (non-padding) row of any bucket solved."""
     ok = [(~f & (w > 0)).any() for f, w in zip(failed, row_weights, strict=True)]
@@ -146,19 +166,25 @@ def step_tail(
         updated, new_state = apply_update(
             carry.predictors, combined, carry.opt_state, value=value, value_fn=objective
         )
+    # An update from a finite step that overflows a parameter is an optimiser problem: it is
+    # not applied (no solve ever sees it) and the host names it from the report.
+    broke = finite & _made_nonfinite(carry.predictors, updated, combined)
     if best:
         # The best snapshot is the pre-update parameters: `loss` was measured there.
         carry = improve(carry, carry.predictors, loss, finite)
     # A non-finite step is not applied: parameters and optimiser state stay as they were.
+    applied = finite & ~broke.any()
     carry = dataclasses.replace(
         carry,
-        predictors=_select(finite, updated, carry.predictors),
-        opt_state=_select(finite, new_state, carry.opt_state),
+        predictors=_select(applied, updated, carry.predictors),
+        opt_state=_select(applied, new_state, carry.opt_state),
         step=carry.step + 1,
     )
     # Everything the host may need about this step, in one array: one transfer per read.
+    # [loss, penalty, finite, since_best, then one flag per trainable leaf the update broke].
     dtype = jnp.result_type(loss, penalty)
     stats = jnp.stack([loss, penalty, finite, carry.since_best], dtype=dtype)
+    stats = jnp.concatenate([stats, broke.astype(dtype)])
     report = ((stats, jnp.concatenate(failed)), _solver_effort(steps, row_weights))
     return carry, report
 

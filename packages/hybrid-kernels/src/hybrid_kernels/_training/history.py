@@ -21,9 +21,10 @@ class LossHistory(list):
     - `bad_steps`: indices of the steps that were not applied.
     - `phase_starts`: the step index at which each phase began.
     - `failed`: step → the `exp_id`s whose solve failed at that step's pre-update parameters
-        and were masked out of its loss (`SolverConfig(throw=False)`); steps without a failure
-        are absent. `failed.get(best_step, ())` names the experiments the best snapshot does
-        not solve.
+        and were masked out of its loss (`SolverConfig(throw=False)`), or, with `throw=True`,
+        whose scored predictions were not finite (the step was then skipped); steps without a
+        failure are absent. `failed.get(best_step, ())` names the experiments the best
+        snapshot does not solve.
     - `best_step`: the step whose pre-update parameters are the best snapshot (-1: none).
     - `best_loss`: the loss (or validation score) of that snapshot.
     - `events`: what the `between_steps` hook reported (see
@@ -55,8 +56,16 @@ class NonFiniteTrainingError(RuntimeError):
     Nothing learned before is lost: the skipped steps were never applied, so `predictors` and
     `opt_state` are the last good ones, and `best_predictors` is the best snapshot so far.
 
+    Also raised at once, without waiting for `max_bad_steps`, when an optimiser update would
+    make a finite trainable parameter non-finite (an overflow: say, too large a learning rate):
+    the update is not applied, and the message names the optimiser, the learning rate, the
+    step and the parameter leaves.
+
     **Attributes:** `phase`, `step` (0-based global index of the step that hit the limit),
-    `predictors`, `opt_state`, `best_predictors`, `history` (a `LossHistory`).
+    `predictors`, `opt_state`, `best_predictors`, `history` (a `LossHistory`), `exp_ids`
+    (the experiments whose predictions were non-finite or whose solve failed in those steps,
+    also in `history.failed`), `leaves` (for an update that overflowed: the paths of the
+    parameter leaves it made non-finite; otherwise empty).
     """
 
     def __init__(
@@ -69,8 +78,12 @@ class NonFiniteTrainingError(RuntimeError):
         opt_state: Any,
         best_predictors: Any,
         history: LossHistory,
+        exp_ids: tuple[str, ...] = (),
+        leaves: tuple[str, ...] = (),
     ) -> None:
         super().__init__(message)
+        self.exp_ids = exp_ids
+        self.leaves = leaves
         self.phase = phase
         self.step = step
         self.predictors = predictors

@@ -72,9 +72,9 @@ class TrainingUI:
         """Step `step` had a non-finite loss or gradient and was not applied."""
 
     def on_failed_experiments(self, *, step: int, phase_idx: int, exp_ids: tuple[str, ...]) -> None:
-        """At step `step`, the solves of `exp_ids` failed and were masked out of the loss.
-
-        Only under `SolverConfig(throw=False)`, and only for steps with at least one failure.
+        """At step `step`, the solves of `exp_ids` failed and were masked out of the loss
+        (`SolverConfig(throw=False)`), or, with `throw=True`, their predictions were not finite
+        and the step was skipped. Only for steps with at least one such experiment.
         """
 
     def on_validation(self, *, step: int, loss: float) -> None:
