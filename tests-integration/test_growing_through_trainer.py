@@ -1,0 +1,130 @@
+"""A bank that grows itself, trained by hybrid-kernels' trainer on the training loss.
+
+The bank starts from 2 atoms inside `simulate_fn`; the hook is
+`confluent_bank.TransitionHook.growing(objective, domain)` with the objective built by
+`hybrid_kernels.build_objective` from the same pieces the trainer gets. Neither package
+imports the other: this file is where they meet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import confluent_bank as cb
+import hybrid_kernels as hk
+
+import hybrid_problem as P
+
+SIZE = P.ProblemSize(n_experiments=12, lengths=(8, 12))
+STEPS = 160
+EVERY = 20
+MAX_ACTIVE = 6
+
+
+def two_atoms() -> cb.ConfluentPackBank:
+    """Two broad ordinary atoms (slope 0.5, frozen: too broad for g), six empty slots."""
+    packs = [cb.RefinedPack(0, -0.5, 0.05, 0.5), cb.RefinedPack(0, 0.5, -0.05, 0.5)]
+    return cb.init_confluent_bank(packs, max_packs=8, max_order=3, dtype=jnp.float64)
+
+
+@dataclasses.dataclass
+class Run:
+    history: Any
+    bank: Any
+    hook: Any
+    simulate: P.TraceCounter
+
+
+@pytest.fixture(scope="module")
+def problem() -> dict[str, Any]:
+    dataset = P.make_dataset(SIZE, dtype=jnp.float64, max_shapes=1)
+    solver = P.make_solver(jnp.float64)
+    trainable = P.bank_trainable((two_atoms(),))
+    objective = hk.build_objective(
+        dataset,
+        simulate_fn=P.simulate,
+        state_to_output=P.state_to_output,
+        solver=solver,
+        trainable=trainable,
+    )
+    return dict(
+        dataset=dataset,
+        solver=solver,
+        trainable=trainable,
+        objective=objective,
+        domain=P.data_range(dataset),
+    )
+
+
+def train(problem: dict[str, Any], hook: Any, predictors: Any = None) -> Run:
+    simulate = P.TraceCounter(P.simulate)
+    predictors = (two_atoms(),) if predictors is None else predictors
+    history, trained = hk.train_with_optax(
+        predictors,
+        problem["dataset"],
+        hk.OptaxTrainingConfig(steps=(STEPS,), lr=(0.05,), verbose=False, log_every=STEPS),
+        simulate_fn=simulate,
+        state_to_output=P.state_to_output,
+        solver=problem["solver"],
+        trainable=problem["trainable"],
+        key=jax.random.key(0),
+        hooks=hook,
+    )
+    return Run(history, trained[0], hook, simulate)
+
+
+def growing_hook(problem: dict[str, Any]) -> cb.TransitionHook:
+    return cb.TransitionHook.growing(
+        problem["objective"], problem["domain"], every=EVERY, max_active=MAX_ACTIVE
+    )
+
+
+@pytest.fixture(scope="module")
+def grown(problem) -> Run:
+    return train(problem, growing_hook(problem))
+
+
+@pytest.fixture(scope="module")
+def fixed(problem) -> Run:
+    """The same two atoms and steps; the hook only retracts (no transition is proposed)."""
+    return train(problem, P.transition_hook({}, problem["domain"]))
+
+
+def _births(run: Run) -> list[cb.TransitionEvent]:
+    return [e for e in run.hook.events if e.kind == "zero_output_birth" and e.accepted]
+
+
+def test_the_bank_grew_by_accepted_births_with_scores(grown):
+    births = _births(grown)
+    assert births
+    assert all(e.score is not None and e.score > 0 for e in births)
+    assert int(np.sum(np.asarray(grown.bank.active))) == 2 + len(births) - sum(
+        e.accepted for e in grown.hook.events if e.kind == "remove_near_zero"
+    )
+    assert int(np.sum(np.asarray(grown.bank.active))) <= MAX_ACTIVE
+
+
+def test_the_trainer_records_the_growth_in_the_history(grown):
+    recorded = [(e["step"], e["kind"], e["accepted"], e["score"]) for e in grown.history.events]
+    assert recorded == [(e.step, e.kind, e.accepted, e.score) for e in grown.hook.events]
+
+
+def test_growth_does_not_retrace_the_trainers_simulate_fn(problem, grown, fixed):
+    # One trace per bucket shape for the training kernel, with or without births: the
+    # candidate scoring traces the objective's own kernel, never the trainer's.
+    buckets = len(problem["dataset"].bucket_payloads)
+    assert grown.simulate.count == fixed.simulate.count == buckets
+
+
+def test_the_grown_bank_ends_below_the_bank_that_did_not_grow(problem, grown, fixed):
+    objective = problem["objective"]
+    grown_loss = float(objective((grown.bank,)))
+    fixed_loss = float(objective((fixed.bank,)))
+    print(f"final objective: grown {grown_loss:.3e}, two atoms {fixed_loss:.3e}")
+    assert grown_loss < fixed_loss
