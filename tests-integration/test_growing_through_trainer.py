@@ -62,13 +62,14 @@ def problem() -> dict[str, Any]:
     )
 
 
-def train(problem: dict[str, Any], hook: Any, predictors: Any = None) -> Run:
+def train(problem: dict[str, Any], hook: Any, predictors: Any = None, **config: Any) -> Run:
     simulate = P.TraceCounter(P.simulate)
     predictors = (two_atoms(),) if predictors is None else predictors
+    settings = dict(steps=(STEPS,), lr=(0.05,), verbose=False, log_every=STEPS, **config)
     history, trained = hk.train_with_optax(
         predictors,
         problem["dataset"],
-        hk.OptaxTrainingConfig(steps=(STEPS,), lr=(0.05,), verbose=False, log_every=STEPS),
+        hk.OptaxTrainingConfig(**settings),
         simulate_fn=simulate,
         state_to_output=P.state_to_output,
         solver=problem["solver"],
@@ -128,3 +129,37 @@ def test_the_grown_bank_ends_below_the_bank_that_did_not_grow(problem, grown, fi
     fixed_loss = float(objective((fixed.bank,)))
     print(f"final objective: grown {grown_loss:.3e}, two atoms {fixed_loss:.3e}")
     assert grown_loss < fixed_loss
+
+
+class Stop(Exception):
+    pass
+
+
+def test_a_run_resumed_mid_growth_ends_like_the_uninterrupted_one(problem, grown, tmp_path):
+    # The trainer saves the hook's state_dict() in its checkpoint and hands it back to
+    # load_state_dict on resume, so the policy's counters and events survive the restart.
+    births = [e.step for e in _births(grown)]
+    interrupt = births[0] + EVERY + 10  # after the first birth, before the run ends
+    assert interrupt < STEPS
+    path = tmp_path / "growing.state"
+    config = dict(checkpoint_path=path, checkpoint_every=10)
+    hook = growing_hook(problem)
+    between_steps = hook.between_steps
+
+    def stop_at_interrupt(step, predictors, opt_state):
+        if step == interrupt:
+            raise Stop
+        return between_steps(step, predictors, opt_state)
+
+    hook.between_steps = stop_at_interrupt
+    with pytest.raises(Stop):
+        train(problem, hook, **config)
+    resumed = train(problem, growing_hook(problem), **config)
+    assert resumed.history.events == grown.history.events
+    assert [dataclasses.astuple(e) for e in resumed.hook.events] == [
+        dataclasses.astuple(e) for e in grown.hook.events
+    ]
+    objective = problem["objective"]
+    assert float(objective((resumed.bank,))) == pytest.approx(
+        float(objective((grown.bank,))), rel=1e-9
+    )
