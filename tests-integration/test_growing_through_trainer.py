@@ -46,9 +46,10 @@ def problem() -> dict[str, Any]:
     dataset = P.make_dataset(SIZE, dtype=jnp.float64, max_shapes=1)
     solver = P.make_solver(jnp.float64)
     trainable = P.bank_trainable((two_atoms(),))
+    simulate = P.TraceCounter(P.simulate)
     objective = hk.build_objective(
         dataset,
-        simulate_fn=P.simulate,
+        simulate_fn=simulate,
         state_to_output=P.state_to_output,
         solver=solver,
         trainable=trainable,
@@ -57,9 +58,22 @@ def problem() -> dict[str, Any]:
         dataset=dataset,
         solver=solver,
         trainable=trainable,
-        objective=objective,
+        objective=CountingObjective(objective, simulate),
         domain=P.data_range(dataset),
     )
+
+
+class CountingObjective:
+    """The objective, noting for each call the bank's capacity and the traces so far."""
+
+    def __init__(self, objective: Any, simulate: P.TraceCounter):
+        self.objective, self.simulate = objective, simulate
+        self.calls: list[tuple[int, int]] = []
+
+    def __call__(self, predictors: Any) -> Any:
+        value = self.objective(predictors)
+        self.calls.append((int(predictors[0].centers.shape[0]), self.simulate.count))
+        return value
 
 
 def train(problem: dict[str, Any], hook: Any, predictors: Any = None, **config: Any) -> Run:
@@ -121,6 +135,16 @@ def test_growth_does_not_retrace_the_trainers_simulate_fn(problem, grown, fixed)
     # candidate scoring traces the objective's own kernel, never the trainer's.
     buckets = len(problem["dataset"].bucket_payloads)
     assert grown.simulate.count == fixed.simulate.count == buckets
+
+
+def test_the_objective_compiles_once_for_the_wider_scoring_bank(problem, grown):
+    # Candidate scoring calls the objective on the bank widened by every candidate: a new
+    # shape, compiled at the first scoring and reused by every later check and scoring.
+    calls = problem["objective"].calls
+    capacity = int(grown.bank.centers.shape[0])
+    wide = [i for i, (width, _) in enumerate(calls) if width > capacity]
+    assert len(wide) >= 2
+    assert calls[-1][1] == calls[wide[0]][1]
 
 
 def test_the_grown_bank_ends_below_the_bank_that_did_not_grow(problem, grown, fixed):
