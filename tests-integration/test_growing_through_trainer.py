@@ -159,6 +159,7 @@ class Stop(Exception):
     pass
 
 
+@pytest.mark.slow  # two more partial runs: about 40 s on a 2-core CPU
 def test_a_run_resumed_mid_growth_ends_like_the_uninterrupted_one(problem, grown, tmp_path):
     # The trainer saves the hook's state_dict() in its checkpoint and hands it back to
     # load_state_dict on resume, so the policy's counters and events survive the restart.
