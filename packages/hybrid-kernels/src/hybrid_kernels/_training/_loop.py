@@ -154,6 +154,8 @@ def _resume(setup: Setup, st: LoopState, saved: TrainingState) -> None:
     h.phase_starts.extend(saved.phase_starts)
     h.failed.update(saved.failed)
     h.events.extend(saved.events)
+    if setup.hook_events is not None:
+        setup.hook_events.load_state_dict(saved.hook_state, setup.where)
     st.bad_in_row = saved.bad_in_row
     st.done, st.phase, st.phase_step = saved.step, saved.phase, saved.phase_step
     c = setup.config
@@ -409,4 +411,5 @@ def _training_state(setup: Setup, st: LoopState) -> TrainingState:
         phase_starts=list(st.history.phase_starts),
         failed=dict(st.history.failed),
         events=list(st.history.events),
+        hook_state=None if setup.hook_events is None else setup.hook_events.state_dict(),
     )

@@ -35,6 +35,11 @@ class BetweenStepsHook(Protocol):
     `confluent_bank.TransitionHook`). Each entry it appends during a run, a dict or a
     dataclass instance with JSON-serialisable values, is recorded in `LossHistory.events` as
     a dict, with `"step"` set to the steps done when the hook ran unless the entry has one.
+
+    A hook object with both `state_dict()` (returning a JSON-serialisable dict) and
+    `load_state_dict(state)` keeps its own state across a checkpoint: the trainer saves
+    `state_dict()` in the `TrainingState` it checkpoints (`TrainingState.hook_state`) and,
+    on `resume`, calls `load_state_dict` with it before the first resumed step.
     """
 
     def between_steps(self, step: int, predictors: Any, opt_state: Any) -> tuple[Any, Any] | None:
@@ -161,6 +166,43 @@ class HookEvents:
                 "dicts or dataclass instances"
             )
         return events
+
+    def _stateful(self) -> bool:
+        return callable(getattr(self.hooks, "state_dict", None)) and callable(
+            getattr(self.hooks, "load_state_dict", None)
+        )
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """The hook's `state_dict()` as JSON-ready data, or `None` for a stateless hook."""
+        if not self._stateful():
+            return None
+        state = self.hooks.state_dict()
+        if not isinstance(state, Mapping):
+            raise TypeError(
+                f"the hook's state_dict() returned a {type(state).__name__}; expected a dict "
+                "with JSON-serialisable values"
+            )
+        try:  # through JSON once, so a checkpoint never holds what it cannot load back
+            return json.loads(json.dumps(dict(state), default=_json_scalar))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"the hook's state_dict() is not JSON-serialisable ({exc}); the trainer saves "
+                "it in the checkpoint"
+            ) from None
+
+    def load_state_dict(self, state: Mapping[str, Any] | None, where: str) -> None:
+        """Hand a checkpoint's hook state back to the hook; events it restores are not
+        recorded again (the checkpoint's history already holds them)."""
+        if state is None:
+            return
+        if not self._stateful():
+            raise ValueError(
+                f"{where}: the checkpoint holds the state of a hook with state_dict() and "
+                f"load_state_dict(), but hooks={self.hooks!r} has no load_state_dict; resume "
+                "with the hook the run was saved with"
+            )
+        self.hooks.load_state_dict(state)
+        self.seen = len(self._source())
 
     def take(self, step: int) -> list[dict[str, Any]]:
         """The entries appended since the last call, each as a dict with a `"step"`."""

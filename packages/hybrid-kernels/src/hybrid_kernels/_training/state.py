@@ -101,6 +101,8 @@ class TrainingState:
     - `phase_starts`: the step index at which each phase so far began.
     - `failed`: step → the `exp_id`s whose solve failed at that step (`throw=False`).
     - `events`: the hook's events so far (`LossHistory.events`).
+    - `hook_state`: what the hook's `state_dict()` returned (JSON), or `None` for a hook
+        without `state_dict`/`load_state_dict`; a resume hands it to `load_state_dict`.
     """
 
     predictors: Any
@@ -123,6 +125,7 @@ class TrainingState:
     phase_starts: list[int] = dataclasses.field(default_factory=list)
     failed: dict[int, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    hook_state: dict[str, Any] | None = None
 
 
 def _array_leaves(tree: Any) -> list[Any]:
