@@ -41,6 +41,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", type=int, default=0)
     parser.add_argument("--bank-file", default=None)
     parser.add_argument("--die-at", type=int, default=None, help="process 1 exits at this step")
+    parser.add_argument("--jumps", action="store_true", help="give each experiment state jumps")
     return parser.parse_args()
 
 
@@ -61,6 +62,26 @@ class _Die:
 def _value_range(experiments) -> tuple[float, float]:
     values = [np.asarray(e.channels["y"].values) for e in experiments]
     return float(min(v.min() for v in values)), float(max(v.max() for v in values))
+
+
+def _with_jumps(hk, experiments):
+    """Sample withdrawals (`y <- 0.95 y`): one for the first half of the experiments, nine for
+    the second, so process-local halves pad to different jump counts unless they agree."""
+    out = []
+    for i, e in enumerate(experiments):
+        n = 1 if i < len(experiments) // 2 else 9
+        jumps = [hk.StateJump(0.2 + 0.15 * k + 0.01 * i, 0, scale=0.95) for k in range(n)]
+        y0 = np.asarray(e.y0)
+        out.append(
+            hk.make_experiment(
+                covariates={},
+                channels=e.channels,
+                y0_fn=lambda cov, ch, y0=y0: y0,
+                exp_id=e.exp_id,
+                jumps=jumps,
+            )
+        )
+    return out
 
 
 def main() -> None:
@@ -84,6 +105,8 @@ def main() -> None:
     size = P.ProblemSize(n_experiments=8, lengths=(8, 12))
 
     every = P.make_experiments(size)
+    if args.jumps:
+        every = _with_jumps(hk, every)
     # The domain of the transition policy is global, so every process decides alike.
     domain = _value_range(every)
     experiments = every

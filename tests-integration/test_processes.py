@@ -192,3 +192,33 @@ def test_resuming_after_a_kill_gives_the_uninterrupted_run(killed, two_processes
     resumed, uninterrupted = _results(out, 2), two_processes[0][0]
     assert [r["history"] for r in resumed] == [uninterrupted["history"]] * 2
     assert [r["digest"] for r in resumed] == [uninterrupted["digest"]] * 2
+
+
+@pytest.fixture(scope="module")
+def jumps_one_process(tmp_path_factory, cache) -> dict:
+    out, children = _run(tmp_path_factory, cache, "jumps-one", 1, 4, "--gloo", "--jumps")
+    children[0].check()
+    return _results(out, 1)[0]
+
+
+@pytest.fixture(scope="module")
+def jumps_process_local(tmp_path_factory, cache) -> list[dict]:
+    out, children = _run(tmp_path_factory, cache, "jumps-local", 2, 2, "--process-local", "--jumps")
+    for child in children:
+        child.check()
+    return _results(out, 2)
+
+
+def test_state_jumps_train_alike_on_process_local_halves_and_one_process(
+    jumps_process_local, jumps_one_process
+):
+    # The halves hold 1 and 9 jumps per row: they agree on one padded jump count, or the
+    # bucket shapes (and the collective programs) would differ between the processes.
+    one = np.asarray(jumps_one_process["history"])
+    for result in jumps_process_local:
+        np.testing.assert_allclose(result["history"], one, rtol=RELATIVE_TOLERANCE, atol=0.0)
+        assert result["digest"] == jumps_one_process["digest"]
+
+
+def test_state_jumps_change_the_run(jumps_one_process, one_process):
+    assert jumps_one_process["history"][0] != one_process["history"][0]

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hybrid_kernels._data import failed_exp_ids
+from hybrid_kernels._distributed import to_host
 from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._errors import RowSolveError
 from hybrid_kernels._training._setup import (
@@ -71,8 +72,16 @@ class LoopState:
 
 
 def _read_back(tree: Any) -> Any:
-    """The trainer's only device-to-host reads go through here (tests count them)."""
-    return jax.device_get(tree)
+    """The trainer's only device-to-host reads go through here (tests count them).
+
+    Per-row flags (which experiments failed or went non-finite) follow the rows' sharding, so
+    with several processes they span devices this process cannot read: those leaves are
+    gathered (`to_host`, a collective every process joins, as every process syncs at the same
+    steps)."""
+    leaves = jax.tree.leaves(tree)
+    if all(getattr(x, "is_fully_addressable", True) for x in leaves):
+        return jax.device_get(tree)
+    return jax.tree.map(to_host, tree)
 
 
 def train(setup: Setup, predictors: Any, *, tournament: bool) -> RunResult:
