@@ -11,7 +11,7 @@ from helpers import quiet, train
 from jax._src.array import ArrayImpl
 
 import hybrid_kernels as hk
-from hybrid_kernels._training import _engine, _loop, _step
+from hybrid_kernels._training import _engine, _reads, _tail
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def _concrete(x):
 
 @pytest.fixture
 def reads(monkeypatch):
-    """Counts device-to-host reads: `n` through `_loop._read_back`, `stray` by any other path.
+    """Counts device-to-host reads: `n` through `_reads.read_back`, `stray` by any other path.
 
     The transfer guard never fires on CPU, so every way a `jax.Array` reaches the host is
     wrapped instead: `_value` (behind `float`, `int`, `bool`, `tolist`, `str`, `__array__`,
@@ -48,8 +48,8 @@ def reads(monkeypatch):
         finally:
             state["inside"] -= 1
 
-    original = _loop._read_back
-    monkeypatch.setattr(_loop, "_read_back", counting)
+    original = _reads.read_back
+    monkeypatch.setattr(_reads, "read_back", counting)
 
     value = ArrayImpl._value
 
@@ -112,7 +112,7 @@ def test_a_read_outside_read_back_is_counted_as_stray(reads, read):
 
 def test_reads_through_read_back_are_not_stray(reads):
     with reads["window"]():
-        _loop._read_back((jnp.asarray(2.0) + 1, jnp.arange(3) + 1))
+        _reads.read_back((jnp.asarray(2.0) + 1, jnp.arange(3) + 1))
     assert (reads["n"], reads["stray"]) == (1, 0)
 
 
@@ -153,13 +153,13 @@ def test_bucket_gradients_are_combined_only_inside_compiled_code(
     oscillator, two_buckets, monkeypatch
 ):
     calls = []
-    original = _step.combine_bucket_grads
+    original = _tail.combine_bucket_grads
 
     def spy(losses, grads, weights):
         calls.append(all(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(grads)))
         return original(losses, grads, weights)
 
-    monkeypatch.setattr(_step, "combine_bucket_grads", spy)
+    monkeypatch.setattr(_tail, "combine_bucket_grads", spy)
     _engine._OPTIMIZERS.clear()  # a fresh tail, traced with the spy in place
     train(oscillator, two_buckets, quiet(steps=(5,)))
     assert calls and all(calls)  # traced (once), never run eagerly per step

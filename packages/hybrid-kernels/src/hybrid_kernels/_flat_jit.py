@@ -110,6 +110,37 @@ def entry(body: Callable, *bound: Any) -> Callable:
     return run
 
 
+_CLOSED: dict[tuple, tuple[Any, Callable]] = {}
+_MAX_CLOSED = 16
+
+
+def closed_entry(body: Callable, data: Any, *bound: Any) -> Callable:
+    """`run(static, dynamic, *args) = body(*bound, unflatten(static, dynamic), data, *args)`.
+
+    Like `entry`, but `data` (a pytree of arrays that stays fixed for a whole run: a small
+    bucket) is closed over, so its values are constants of the compiled program. XLA then
+    folds what depends on them alone, as it does for a hand-written loop that closes over its
+    data: for a one-trajectory solve, diffrax's checks on `t0`, `t1` and the save times, and
+    their host callbacks. One entry per `data` object (held here, so its `id` stays its own).
+    """
+    key = (body, id(data), *(flatten(b)[0] for b in bound))
+    held = _CLOSED.get(key)
+    if held is not None and held[0] is data:
+        return held[1]
+
+    def call(static, dynamic, *args):
+        out = body(*bound, unflatten(static, dynamic), data, *args)
+        arrays, rest = eqx.partition(out, eqx.is_array)
+        return arrays, _Static(rest if jtu.tree_leaves(rest) else None)
+
+    call.__name__ = call.__qualname__ = getattr(body, "__name__", "kernel")
+    run = jax.jit(call, static_argnums=0)
+    if len(_CLOSED) >= _MAX_CLOSED:
+        _CLOSED.clear()
+    _CLOSED[key] = (data, run)
+    return run
+
+
 class _QuietCallbackFailure(logging.Filter):
     # jax logs a failed callback with its traceback before raising; the error we raise says it.
     def filter(self, record: logging.LogRecord) -> bool:
@@ -121,7 +152,8 @@ _QUIET = _QuietCallbackFailure()
 
 
 @contextlib.contextmanager
-def _quiet_callbacks() -> Iterator[None]:
+def quiet_callbacks() -> Iterator[None]:
+    """Inside: jax's log of a failed host callback is dropped (the error raised says it)."""
     _CALLBACK_LOGGER.addFilter(_QUIET)
     try:
         yield
@@ -135,7 +167,7 @@ def call(run: Callable, static: tuple, dynamic: list, *args: Any, wait: bool) ->
     if not wait:
         arrays, rest = run(static, dynamic, *args)
         return arrays if rest.value is None else eqx.combine(arrays, rest.value)
-    with _quiet_callbacks():
+    with quiet_callbacks():
         try:
             arrays, rest = run(static, dynamic, *args)
             jax.block_until_ready(arrays)

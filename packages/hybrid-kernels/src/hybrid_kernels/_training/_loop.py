@@ -15,12 +15,13 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from hybrid_kernels._data import failed_exp_ids
-from hybrid_kernels._distributed import to_host
+from hybrid_kernels import _flat_jit as fj
 from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._errors import RowSolveError
+from hybrid_kernels._training import _reads
+from hybrid_kernels._training._fused import FlatCarry, as_carry
+from hybrid_kernels._training._reads import Pending, end_run, may_lag, sync
 from hybrid_kernels._training._setup import (
     Setup,
     compile_kernels,
@@ -35,9 +36,8 @@ from hybrid_kernels._training._step import (
     new_carry,
     set_learning_rate,
     take_step,
-    trainable_leaf_names,
 )
-from hybrid_kernels._training.history import LossHistory, NonFiniteTrainingError
+from hybrid_kernels._training.history import LossHistory
 from hybrid_kernels._training.hooks import apply_hook
 from hybrid_kernels._training.reinit import fold_key
 from hybrid_kernels._training.state import TrainingState, save_training_state
@@ -56,32 +56,31 @@ class RunResult(NamedTuple):
 class LoopState:
     """What a step consumes (`carry`, `opt`, the schedule position) and what the loop records.
 
-    `done` counts steps over all phases, `phase_step` steps within phase `phase`; `pending`
-    holds the `(step, phase, report)` of dispatched steps not yet read back.
+    `raw` is the carry as the last step left it (see `carry`). `done` counts steps over all
+    phases, `phase_step` steps within phase `phase`; `pending` holds the dispatched steps not
+    yet read back (`_reads.Pending`), oldest first.
     """
 
     history: LossHistory = dataclasses.field(default_factory=LossHistory)
-    carry: Carry | None = None
+    raw: Carry | FlatCarry | None = None
     opt: Any = None
     done: int = 0
     phase: int = 0
     phase_step: int = 0
     bad_in_row: int = 0
-    pending: list[tuple[int, int, Any]] = dataclasses.field(default_factory=list)
+    pending: list[Pending] = dataclasses.field(default_factory=list)
     ended: bool = False
 
+    @property
+    def carry(self) -> Carry:
+        """The carry as a tree (a fused step leaves it flat: rebuilt here, once, when read)."""
+        if isinstance(self.raw, FlatCarry):
+            self.raw = as_carry(self.raw)
+        return self.raw
 
-def _read_back(tree: Any) -> Any:
-    """The trainer's only device-to-host reads go through here (tests count them).
-
-    Per-row flags (which experiments failed or went non-finite) follow the rows' sharding, so
-    with several processes they span devices this process cannot read: those leaves are
-    gathered (`to_host`, a collective every process joins, as every process syncs at the same
-    steps)."""
-    leaves = jax.tree.leaves(tree)
-    if all(getattr(x, "is_fully_addressable", True) for x in leaves):
-        return jax.device_get(tree)
-    return jax.tree.map(to_host, tree)
+    @carry.setter
+    def carry(self, value: Carry | FlatCarry) -> None:
+        self.raw = value
 
 
 def train(setup: Setup, predictors: Any, *, tournament: bool) -> RunResult:
@@ -107,13 +106,15 @@ def train(setup: Setup, predictors: Any, *, tournament: bool) -> RunResult:
             ui.on_message(text=f"resumed from {str(setup.path)!r} after step {st.done}")
             if st.phase < c.n_phases:
                 compile_kernels(setup, st.carry, st.opt, st.phase)
-        _run_phases(setup, st)
-        final, final_loss = _finish(setup, st)
-        _end(setup, st, final_loss)
+        # A fused step's failed solver check is met when its report is read, not at its call
+        with fj.quiet_callbacks():
+            _run_phases(setup, st)
+            final, final_loss = _finish(setup, st)
+        end_run(setup, st, final_loss)
         return RunResult(st.history, final, final_loss)
     except BaseException as error:
         if not st.ended:  # close a live display on any error (Ctrl-C included)
-            _end(setup, st, float("nan"))
+            end_run(setup, st, float("nan"))
         if isinstance(error, RowSolveError):  # a throw=True solve: say which experiment failed
             named = name_failed_experiments(error, (setup.dataset, setup.val_dataset), setup.where)
             if named is not error:
@@ -136,11 +137,6 @@ def name_failed_experiments(error: RowSolveError, datasets: Any, where: str) -> 
                     exp_ids=ids,
                 )
     return error
-
-
-def _end(setup: Setup, st: LoopState, final_loss: float) -> None:
-    st.ended = True
-    setup.ui.on_run_end(final_loss=final_loss)
 
 
 # -- starting ----------------------------------------------------------------------------
@@ -219,15 +215,21 @@ def _run_phases(setup: Setup, st: LoopState) -> None:
             start_step=st.done - st.phase_step,
         )
         while st.phase == phase:
-            st.carry, report = take_step(
-                setup.engine,
-                st.opt,
-                st.carry,
-                setup.payloads,
-                inputs,
-                best_on_loss=setup.best_on_loss,
-            )
-            st.pending.append((st.done, st.phase, report))
+            before = st.raw
+            try:
+                st.raw, report = take_step(
+                    setup.engine,
+                    st.opt,
+                    before,
+                    setup.payloads,
+                    inputs,
+                    best_on_loss=setup.best_on_loss,
+                    defer_errors=True,
+                )
+            except (jax.errors.JaxRuntimeError, ValueError) as error:  # an earlier step's?
+                failed = Pending(st.done, st.phase, None, before, before, inputs)
+                _reads.raise_failed(setup, st, [*st.pending, failed], error)
+            st.pending.append(Pending(st.done, st.phase, report, before, st.raw, inputs))
             st.done, st.phase_step = st.done + 1, st.phase_step + 1
             _between_steps(setup, st)
 
@@ -239,8 +241,10 @@ def _between_steps(setup: Setup, st: LoopState) -> None:
     val_due = bool(setup.val_payloads) and done % c.val_every == 0
     save_due = c.checkpoint_every > 0 and done % c.checkpoint_every == 0
     stop = False
-    if len(st.pending) >= c.log_every or last or val_due or save_due:
-        stop = _sync(setup, st)
+    if last or val_due or save_due:  # decided on the newest parameters: read every step
+        stop = sync(setup, st)
+    elif len(st.pending) >= c.log_every + may_lag(setup):
+        stop = sync(setup, st, keep=int(may_lag(setup)))
     if val_due:
         stop = _validate(setup, st) or stop
     if last or stop:
@@ -261,7 +265,7 @@ def _between_steps(setup: Setup, st: LoopState) -> None:
 
 def _finish(setup: Setup, st: LoopState) -> tuple[Any, float]:
     """Final read, validation and save; returns the predictors to hand back and their loss."""
-    _sync(setup, st)
+    sync(setup, st)
     if setup.val_payloads and (not st.history.val or st.history.val[-1][0] != st.done):
         _validate(setup, st)
     final = _training_state(setup, st)
@@ -273,113 +277,7 @@ def _finish(setup: Setup, st: LoopState) -> tuple[Any, float]:
     return st.carry.predictors, (st.history[-1] if st.history else float("nan"))
 
 
-# -- host reads --------------------------------------------------------------------------
-
-
-def _out_of_patience(setup: Setup, since_best: Any) -> bool:
-    patience = setup.config.patience
-    return patience > 0 and int(since_best) >= patience
-
-
-def _sync(setup: Setup, st: LoopState) -> bool:
-    """Read the pending steps back in one transfer; report them; say if patience ran out."""
-    if not st.pending:
-        return False
-    reports = _read_back([report for *_, report in st.pending])
-    pending, st.pending = st.pending, []
-    ui, h = setup.ui, st.history
-    on_effort = getattr(ui, "on_solver_steps", None)  # optional for duck-typed UIs
-    for (step, phase, _), ((stats, flags), effort) in zip(pending, reports, strict=True):
-        loss, pen, ok = float(stats[0]), float(stats[1]), stats[2]
-        h.append(loss)
-        h.penalties.append(pen)
-        effort = tuple(tuple(float(v) for v in row) for row in effort)
-        h.solver_steps.append(effort)
-        if on_effort is not None:
-            on_effort(step=step, per_bucket=effort)
-        ui.on_step_end(step=step, phase_idx=phase, loss=loss, penalty=pen)
-        if flags.any():
-            _report_failures(setup, st, step, phase, flags)
-        if stats[4:].any():
-            _update_overflowed(setup, st, phase, step, stats[4:])
-        if bool(ok):
-            st.bad_in_row = 0
-            continue
-        st.bad_in_row += 1
-        h.bad_steps.append(step)
-        ui.on_bad_step(step=step, phase_idx=phase, loss=loss)
-        if st.bad_in_row >= setup.config.max_bad_steps:
-            _diverged(setup, st, phase, step)
-    # The counter in the last report is the carry's now: steps (or validations) since the best.
-    return _out_of_patience(setup, reports[-1][0][0][3])
-
-
-def _report_failures(setup: Setup, st: LoopState, step: int, phase: int, flags: Any) -> None:
-    """Name the experiments whose solve failed at `step`, in the history and the UI."""
-    ids = failed_exp_ids(setup.dataset, np.split(flags, setup.row_splits))
-    if ids:
-        st.history.failed[step] = ids
-        setup.ui.on_failed_experiments(step=step, phase_idx=phase, exp_ids=ids)
-
-
-def _diverged(setup: Setup, st: LoopState, phase: int, step: int) -> None:
-    _end(setup, st, float("nan"))
-    streak = st.history.bad_steps[-st.bad_in_row :]
-    ids = tuple(dict.fromkeys(i for s in streak for i in st.history.failed.get(s, ())))
-    if ids:
-        named = (
-            f" Experiments whose predictions were non-finite or whose solve failed in those "
-            f"steps: {list(ids)} (by step in .history.failed)."
-        )
-    else:
-        named = (
-            " No experiment's predictions were non-finite in those steps: the non-finite "
-            "value came from the gradient, a penalty or the loss function."
-        )
-    raise NonFiniteTrainingError(
-        f"training stopped in phase {phase} at step {step}: {st.bad_in_row} steps in a row "
-        "had a non-finite loss or gradient, or no experiment that solved "
-        f"(max_bad_steps={setup.config.max_bad_steps}).{named} "
-        "They were not applied; the last good and the best parameters are on this error "
-        "(.predictors, .best_predictors)",
-        phase=phase,
-        step=step,
-        predictors=st.carry.predictors,
-        opt_state=st.carry.opt_state,
-        best_predictors=st.carry.best_predictors,
-        history=st.history,
-        exp_ids=ids,
-    )
-
-
-def _update_overflowed(setup: Setup, st: LoopState, phase: int, step: int, broke: Any) -> None:
-    """The update of a finite step made trainable parameters non-finite: stop, naming it."""
-    _end(setup, st, float("nan"))
-    names = trainable_leaf_names(st.carry.predictors, setup.engine.trainable)
-    flags = np.asarray(broke) > 0
-    leaves = (
-        tuple(n for n, f in zip(names, flags, strict=False) if f)
-        if len(names) == len(flags)
-        else ()
-    )
-    c = setup.config
-    opt = c.optimizer[phase]
-    opt = opt if isinstance(opt, str) else getattr(opt, "__name__", type(opt).__name__)
-    raise NonFiniteTrainingError(
-        f"training stopped in phase {phase} at step {step}: the optimiser update (optimizer "
-        f"{opt!r}, learning rate {c.lr[phase]:g}) made trainable parameter(s) "
-        f"{list(leaves) if leaves else '(unnamed)'} non-finite, from a finite loss and "
-        "gradient. This is an update problem, not a solver one: lower the learning rate or "
-        "clip the update. It was not applied; the last good and the best parameters are on "
-        "this error (.predictors, .best_predictors)",
-        phase=phase,
-        step=step,
-        predictors=st.carry.predictors,
-        opt_state=st.carry.opt_state,
-        best_predictors=st.carry.best_predictors,
-        history=st.history,
-        leaves=leaves,
-    )
+# -- validation and saved state ---------------------------------------------------------
 
 
 def _validate(setup: Setup, st: LoopState) -> bool:
@@ -388,17 +286,18 @@ def _validate(setup: Setup, st: LoopState) -> bool:
     score = setup.engine.score(carry.predictors, setup.val_payloads, setup.val_weights)
     if not setup.best_on_loss:
         carry = st.carry = improve_jit(carry, carry.predictors, score, True)
-    score, since_best = _read_back((score, carry.since_best))
+    score, since_best = _reads.read_back((score, carry.since_best))
     score = float(score)
     st.history.val.append((st.done, score))
     setup.ui.on_validation(step=st.done, loss=score)
-    return _out_of_patience(setup, since_best)
+    return setup.config.patience > 0 and int(since_best) >= setup.config.patience
 
 
 def _training_state(setup: Setup, st: LoopState) -> TrainingState:
     """The run as a `TrainingState` (reads the best-step record back)."""
     carry = st.carry
-    best_loss, best_step, since = _read_back((carry.best_loss, carry.best_step, carry.since_best))
+    record = (carry.best_loss, carry.best_step, carry.since_best)
+    best_loss, best_step, since = _reads.read_back(record)
     return TrainingState(
         predictors=carry.predictors,
         opt_state=carry.opt_state,
