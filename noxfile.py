@@ -69,7 +69,8 @@ def tests(session: nox.Session, package: str, jax: str) -> None:
     module, path = PACKAGES[package]
     cuda = _cuda_requested(session)
     pins = [f"pandas=={PANDAS_OLDEST}"] if package == "hybrid-kernels" and jax == JAX_OLDEST else []
-    session.install(f"{path}[test]", *_jax_requirements(jax, cuda=cuda), *pins)
+    # pytest-xdist only runs the suite, so it is installed here, not in the packages' extras.
+    session.install(f"{path}[test]", "pytest-xdist", *_jax_requirements(jax, cuda=cuda), *pins)
     other = next(m for m, _ in PACKAGES.values() if m != module)
     session.run(
         "python",
@@ -85,10 +86,20 @@ def tests(session: nox.Session, package: str, jax: str) -> None:
         str(path / "tests"),
         "-p",
         "no:cacheprovider",
+        *_workers(cuda),
         *args,
         *_posargs_without_cuda(session),
         env={} if cuda else {"JAX_PLATFORMS": "cpu"},
     )
+
+
+def _workers(cuda: bool) -> list[str]:
+    """pytest-xdist arguments for the unit tests: on CPU, ``TEST_WORKERS`` processes (default 2,
+    CI's core count), each test file whole on one of them, so a module's fixtures and the
+    kernels they compile stay shared within the file. On a GPU, one process: each jax process
+    would claim most of the device's memory. ``TEST_WORKERS=0`` runs in this process."""
+    workers = "0" if cuda else os.environ.get("TEST_WORKERS", "2")
+    return ["-n", workers, "--dist", "loadfile"]
 
 
 @nox.session

@@ -133,13 +133,16 @@ def test_agree_under_a_length_mask(predictors, padded, steps_with_penalty):
 
 @pytest.mark.parametrize("reduction", ["per_bucket", "per_experiment", "per_observation"])
 def test_agree_after_combining_several_buckets(predictors, steps_with_penalty, reduction):
+    # Two buckets of different shapes; the larger has `padded`'s shape, so its kernels are
+    # the ones compiled above (only the (2, 5) bucket compiles here).
     data = hk.make_dataset(
-        _experiments([4, 5, 9, 10, 10], seed=1),
+        _experiments([4, 5, 9, 9, 9], seed=1),
         output_channel_names=["X", "S"],
         bucket_policy="padded",
         max_shapes=2,
     )
-    assert len(data.bucket_payloads) == 2
+    shapes = [bp.mask.shape for bp in data.bucket_payloads]
+    assert shapes == [(2, 5, 2), (3, 9, 2)]
     weights = hk.bucket_weights(data, reduction)
     combined = {}
     for mode, step in steps_with_penalty.items():
