@@ -1,9 +1,9 @@
-"""A simple bank skips the high tower rows at run time (issue 10, item 5).
+"""A simple bank skips the high tower rows at run time (issue 10, item 5; issue 24, item 3).
 
 The forward picks one of its branches from the traced metadata: order 0 only, ordinary slots up
-to order 3, ordinary slots up to `max_order`, or the full branch (pairs, moments). Each cheap
-branch must give exactly what the full branch gives, and a commit that moves the bank from one
-branch to another must not recompile anything.
+to order 3 (when `max_order` is higher), ordinary and moment slots up to `max_order` (the mixed
+branch), or the full branch (pairs). Each cheap branch must give exactly what the full branch
+gives, and a commit that moves the bank from one branch to another must not recompile anything.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ def simple_bank(orders, base="sigmoid"):
 
 
 def forced_full(bank):
-    """The same function through the full branch: slot 4 becomes an active moment slot whose
-    moment row is zero, so its term is exactly 0."""
-    return set_rows(bank, [("active", LIVE, True), ("modes", LIVE, 2)])
+    """The same function through the full branch: slot 4 becomes an active pair slot whose
+    weight and odd moment are zero, so its term is exactly 0."""
+    return set_rows(bank, [("active", LIVE, True), ("modes", LIVE, 1)])
 
 
 def branch(bank):
@@ -69,10 +69,15 @@ def test_inactive_slots_do_not_choose_the_branch():
     assert branch(bank) == 0
 
 
-def test_an_active_pair_or_moment_slot_takes_the_full_branch(pair_committed_bank):
-    assert branch(pair_committed_bank) == len(forward_module._ordinary_heights(3))
+def test_an_active_pair_slot_takes_the_full_branch(pair_committed_bank):
+    assert branch(pair_committed_bank) == len(forward_module._ordinary_heights(3)) + 1
+    pair = set_rows(simple_bank((0, 0, 0, 0)), [("modes", 1, 1)])
+    assert branch(pair) == 3
+
+
+def test_an_active_moment_slot_without_pairs_takes_the_mixed_branch():
     moment = set_rows(simple_bank((0, 0, 0, 0)), [("modes", 1, 2)])
-    assert branch(moment) == 3
+    assert branch(moment) == len(forward_module._ordinary_heights(8)) == 2
 
 
 @pytest.mark.parametrize(("orders", "expected", "base"), CASES)

@@ -1,11 +1,12 @@
 """The forward pass of a bank: every slot's term and their sum.
 
-The forward pass evaluates ONE derivative tower of height `K = max(max_order, 11)` for all slots
-at once, shape `(K + 1, P, *z.shape)`, and selects each slot's order and mode by masked sums and
-`where` over constant coefficient arrays. The traced program therefore does not grow with the
-capacity `P`: compile time is independent of `max_packs`. A bank whose active slots are all
-ordinary of low order takes a cheaper branch at run time (a shorter tower, no pair, no moments),
-chosen from the traced metadata, so commits never recompile.
+The forward pass evaluates ONE derivative tower for all slots at once, as rows of shape
+`(P, *z.shape)`, and selects each slot's order and mode by masked sums and `where` over constant
+coefficient arrays. The traced program therefore does not grow with the capacity `P`: compile
+time is independent of `max_packs`. The tower's height is what the active slots need, chosen at
+run time from the traced metadata (so commits never recompile): 0 or 3 for low-order ordinary
+slots, `max_order` for ordinary and moment slots (moments use rows `0..max_order` only), and
+`max(max_order, 11)` only when a centred pair is active (its series needs rows 0..11).
 
 The bank is duck-typed (its blocks, `base` and `max_order`), so this module does not import
 `_bank`.
@@ -36,13 +37,15 @@ _LOW_ORDER = 3  # the short tower of the cheap ordinary branch
 def bank_slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
     """Every slot's term, shape `(P, *z.shape)`; inactive slots give exact zeros.
 
-    One tower `sigma_tower_rows(base, u, max(max_order, 11))` is evaluated for all slots at
-    once on `u = scales·(z − centers)` (rows of shape `(P, *z.shape)`) and feeds the ordinary,
-    centred-pair and moment branches; the ordinary order is selected by masks, the mode by
-    `where`. When every active slot is ordinary, a cheaper branch runs instead, with a tower of
-    height 0, `min(max_order, 3)` or `max_order`, whichever is the lowest to hold the highest
-    active order; it gives the same values bitwise. The branch is a `lax.switch` on the traced
-    metadata (each branch rematerialised in reverse mode), so a commit never recompiles.
+    One tower `sigma_tower_rows(base, u, K)` is evaluated for all slots at once on
+    `u = scales·(z − centers)` (rows of shape `(P, *z.shape)`) and feeds the ordinary,
+    centred-pair and moment terms; the ordinary order is selected by masks, the mode by `where`.
+    `K` is the lowest height that holds what the active slots need, and only those terms are
+    computed: 0 or `min(max_order, 3)` when every active slot is ordinary of that order or
+    less; `max_order` when no centred pair is active (ordinary and moment slots); `max(max_order,
+    11)` with the pair formulas when one is. Every branch gives the same values bitwise. The
+    branch is a `lax.switch` on the traced metadata (each branch rematerialised in reverse
+    mode), so a commit never recompiles.
     Jitted (one compilation per input shape and bank configuration), so eager calls are fast as
     well.
 
@@ -60,17 +63,25 @@ def bank_slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
 
 
 def _ordinary_heights(max_order: int) -> tuple[int, ...]:
-    # The tower heights of the cheap branches: order-0 slots need the activation only, low orders
-    # a short tower; every bank also keeps the full branch (height max(N, 11), pairs, moments).
-    return tuple(sorted({0, min(max_order, _LOW_ORDER), max_order}))
+    # The tower heights of the cheap ordinary branches: order-0 slots need the activation only,
+    # low orders a short tower. Height max_order is the mixed branch's (ordinary and moment
+    # slots), which gives an ordinary slot the same value bitwise, so it has no branch of its own.
+    return tuple(sorted({0, min(max_order, _LOW_ORDER)} - {max_order}))
 
 
 def _branch(bank: ConfluentPackBank, heights: tuple[int, ...]) -> Array:
-    """Index of the cheapest branch that computes every active slot exactly (a traced int)."""
-    simple = jnp.all(~bank.active | (bank.modes == SlotMode.ORDINARY))
-    top = jnp.max(jnp.where(bank.active, bank.orders, jnp.zeros_like(bank.orders)))
-    ordinary = jnp.sum(jnp.asarray(heights) < top)  # the first height >= top; len(heights) if none
-    return jnp.where(simple, ordinary, len(heights))
+    """Index of the cheapest branch that computes every active slot exactly (a traced int).
+
+    `0 .. len(heights) − 1`: ordinary slots only, by their highest order; `len(heights)`: no
+    pair (ordinary and moment slots, any order); `len(heights) + 1`: the full branch.
+    """
+    live = bank.active
+    simple = jnp.all(~live | (bank.modes == SlotMode.ORDINARY))
+    top = jnp.max(jnp.where(live, bank.orders, jnp.zeros_like(bank.orders)))
+    ordinary = jnp.sum(jnp.asarray(heights, dtype=top.dtype) < top)  # the first height >= top
+    pairs = jnp.sum(live & (bank.modes == SlotMode.PAIR))
+    mixed = len(heights) + jnp.where(pairs == 0, 0, 1)
+    return jnp.where(simple, ordinary, mixed)  # ordinary == len(heights): no pair, so mixed
 
 
 def _argument(bank: ConfluentPackBank, z: Array) -> Array:
@@ -97,8 +108,21 @@ def _ordinary_terms(bank: ConfluentPackBank, z: Array, *, height: int) -> Array:
     return _ordinary(bank, z, tower, height)
 
 
+def _mixed_terms(bank: ConfluentPackBank, z: Array) -> Array:
+    """No pair slot: ordinary and moment terms from one tower of height `max_order`."""
+    order = bank.max_order
+    per_slot = (slice(None),) + (None,) * z.ndim
+    tower = sigma_tower_rows(get_activation(bank.base), _argument(bank, z), order)
+    ordinary = _ordinary(bank, z, tower, order)
+    moments = _moment_sum(
+        [bank.moment_coefficients[:, k][per_slot] for k in range(order + 1)], tower
+    )
+    return jnp.where((bank.modes == SlotMode.ORDINARY)[per_slot], ordinary, moments)
+
+
 def _all_terms(bank: ConfluentPackBank, z: Array) -> Array:
-    """The full branch: ordinary, centred-pair and moment terms, selected by mode."""
+    """Every slot through one tower of height `max(max_order, 11)` and all three kinds' formulas,
+    selected by mode: the reference the branches agree with bitwise (tests, benchmarks)."""
     spec = get_activation(bank.base)
     order = bank.max_order
     per_slot = (slice(None),) + (None,) * z.ndim
@@ -122,7 +146,7 @@ def _all_terms(bank: ConfluentPackBank, z: Array) -> Array:
     )
 
 
-def _limits(bank: ConfluentPackBank, direction: float) -> tuple[Array, Array]:
+def _limits(bank: ConfluentPackBank, direction: float | Array) -> tuple[Array, Array]:
     """Every slot's term as `z → direction·∞`, shape `(P,)`, and where it replaces the value
     computed at the stand-in `z = 0` (slots with `s = 0` do not depend on `z`, unless they are a
     pair whose `η` grows)."""
@@ -157,19 +181,21 @@ def _slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
     infinite = jnp.isinf(z)
     finite = jnp.where(infinite, jnp.zeros_like(z), z)
     # The branch is chosen at run time from the traced metadata, so commits never recompile; a
-    # simple bank skips the high tower rows, the pair and the moments.
+    # bank without pairs skips the high tower rows and the pair formulas.
     heights = _ordinary_heights(bank.max_order)
     branches = [functools.partial(_ordinary_terms, height=h) for h in heights]
     # Rematerialised: in reverse mode a cond otherwise makes every branch output the residuals of
     # all branches (zero-filled on CPU), so the order-0 branch would write the ~70 (P, *z.shape)
     # residuals of the full one. Recomputing a branch in the backward pass costs less than
     # storing them, for the full branch too (benchmarks/bank_forward.py --simple).
-    branches = [jax.checkpoint(branch) for branch in (*branches, _all_terms)]
+    branches = [jax.checkpoint(branch) for branch in (*branches, _mixed_terms, _all_terms)]
     value = jax.lax.switch(_branch(bank, heights), branches, bank, finite)
-    for direction in (1.0, -1.0):
-        limit, replaced = _limits(bank, direction)
-        at_limit = (z == direction * np.inf)[None] & replaced[per_slot]
-        value = jnp.where(at_limit, limit[per_slot], value)
+    # Both limits in one vectorised trace (one copy of the limit formulas in the program).
+    directions = jnp.asarray([1.0, -1.0], dtype=bank.scales.dtype)
+    limits, replaced = jax.vmap(_limits, in_axes=(None, 0))(bank, directions)
+    for index, direction in enumerate((1.0, -1.0)):
+        at_limit = (z == direction * np.inf)[None] & replaced[index][per_slot]
+        value = jnp.where(at_limit, limits[index][per_slot], value)
     return jnp.where(bank.active[per_slot], value, jnp.zeros_like(value))
 
 
