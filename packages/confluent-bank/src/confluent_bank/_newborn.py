@@ -60,9 +60,10 @@ class Unseeded:
     newborn weight 10 to 100 times smaller than its siblings' for thousands of steps
     (β₂ = 0.999), and the newborn is removed as near zero before it has learned. Without
     seeds the fresh rows move by about the learning rate per step, ramped in by
-    `row_warmup`. Measured (issue 24): in 4000 Adam steps the grown bank ends at 0.25–0.88×
-    the MLP's loss on four curves; seeded, it ends at 39× (wave) and 162× (kink) with the
-    sum (newborns removed before they learn, then born again) and 3.8–4.4× with the mean;
+    `row_warmup`. Measured (issue 24, one birth per plateau and no line search yet): in
+    4000 Adam steps the grown bank ends at 0.25–0.88× the MLP's loss on four curves;
+    seeded, it ends at 39× (wave) and 162× (kink) with the sum (newborns removed before
+    they learn, then born again) and 3.8–4.4× with the mean;
     the price is a short bump after each birth, 3.1× (adam) and 3.0× (adabelief) the
     control's largest loss over the 50 steps after a birth in the spike problem of
     `benchmarks/transition_spikes.py`, where the sum gives 0.97 and 1.00.
