@@ -136,7 +136,7 @@ class GrowingHook(TransitionHook):
         self.line_search = line_search
         self.births = _positive_int(births, "births")
         count = _positive_int(n_centers, "n_centers")
-        slopes = tuple(s * 1.0 for s in (4, 8, 16, 32)) if scales is None else tuple(scales)
+        slopes = tuple(s * 1.0 for s in (2, 4, 8, 16)) if scales is None else tuple(scales)
         slopes = tuple(s / (hi - lo) for s in slopes) if scales is None else slopes
         if not slopes or not all(
             isinstance(s, numbers.Real) and math.isfinite(s) and s > 0 for s in slopes
