@@ -88,14 +88,15 @@ def run_mlp(target: jax.Array, steps: int) -> tuple[float, float, list]:
     return best
 
 
-def run_bank(target: jax.Array, steps: int, every: int) -> tuple[float, cb.ConfluentPackBank, list]:
+def run_bank(target: jax.Array, steps: int, every: int | None) -> tuple:
     packs = [cb.RefinedPack(0, -1.0, 0.0, 1.0), cb.RefinedPack(0, 1.0, 0.0, 1.0)]
     bank = cb.init_confluent_bank(packs, max_packs=16, max_order=3)
 
     def objective(b: cb.ConfluentPackBank) -> jax.Array:
         return jnp.mean((b.forward(X) - target) ** 2)
 
-    hook = cb.TransitionHook.growing(jax.jit(objective), DOMAIN, every=every)
+    options = {} if every is None else {"every": every}  # the policy's defaults otherwise
+    hook = cb.TransitionHook.growing(jax.jit(objective), DOMAIN, **options)
     optimizer = cbo.row_warmup(optax.adam(1e-2), steps=100)
     # The optimiser sees the bank's trainable blocks; the hook sees the bank.
     bank, losses, step = fit(
@@ -115,7 +116,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--curve", default="tanh_bump", choices=[*sorted(CURVES), "all"])
     parser.add_argument("--steps", type=int, default=4000)
-    parser.add_argument("--every", type=int, default=100)
+    parser.add_argument("--every", type=int, default=None, help="default: the policy's")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--plot", default=None)
     args = parser.parse_args()

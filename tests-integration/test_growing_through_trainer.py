@@ -1,9 +1,11 @@
 """A bank that grows itself, trained by hybrid-kernels' trainer on the training loss.
 
 The bank starts from 2 atoms inside `simulate_fn`; the hook is
-`confluent_bank.TransitionHook.growing(objective, domain)` with the objective built by
-`hybrid_kernels.build_objective` from the same pieces the trainer gets. Neither package
-imports the other: this file is where they meet.
+`confluent_bank.TransitionHook.growing(objective, domain, max_active=6)` with every other
+option at its default and the objective built by `hybrid_kernels.build_objective` from the
+same pieces the trainer gets. Neither package imports the other: this file is where they
+meet. The reference is the example's hand-placed bank (six atoms at `g`'s own slope,
+`hybrid_problem.initial_bank`) trained on the same data for the same steps.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import hybrid_problem as P
 
 SIZE = P.ProblemSize(n_experiments=12, lengths=(8, 12))
 STEPS = 160
-EVERY = 20
+EVERY = 20  # the policy's default
 MAX_ACTIVE = 6
 
 
@@ -95,9 +97,7 @@ def train(problem: dict[str, Any], hook: Any, predictors: Any = None, **config: 
 
 
 def growing_hook(problem: dict[str, Any]) -> cb.TransitionHook:
-    return cb.TransitionHook.growing(
-        problem["objective"], problem["domain"], every=EVERY, max_active=MAX_ACTIVE
-    )
+    return cb.TransitionHook.growing(problem["objective"], problem["domain"], max_active=MAX_ACTIVE)
 
 
 @pytest.fixture(scope="module")
@@ -106,9 +106,10 @@ def grown(problem) -> Run:
 
 
 @pytest.fixture(scope="module")
-def fixed(problem) -> Run:
-    """The same two atoms and steps; the hook only retracts (no transition is proposed)."""
-    return train(problem, P.transition_hook({}, problem["domain"]))
+def hand_placed(problem) -> Run:
+    """Six atoms placed by hand at g's own slope, same steps; the hook only retracts."""
+    predictors = (P.initial_bank(jnp.float64),)
+    return train(problem, P.transition_hook({}, problem["domain"]), predictors)
 
 
 def _births(run: Run) -> list[cb.TransitionEvent]:
@@ -119,9 +120,11 @@ def test_the_bank_grew_by_accepted_births_with_scores(grown):
     births = _births(grown)
     assert births
     assert all(e.score is not None and e.score > 0 for e in births)
-    assert int(np.sum(np.asarray(grown.bank.active))) == 2 + len(births) - sum(
-        e.accepted for e in grown.hook.events if e.kind == "remove_near_zero"
+    # A removal frees a slot; a merge of two atoms into a centred pair frees one.
+    freed = sum(
+        e.accepted for e in grown.hook.events if e.kind in ("remove_near_zero", "centered_pair")
     )
+    assert int(np.sum(np.asarray(grown.bank.active))) == 2 + len(births) - freed
     assert int(np.sum(np.asarray(grown.bank.active))) <= MAX_ACTIVE
 
 
@@ -130,11 +133,12 @@ def test_the_trainer_records_the_growth_in_the_history(grown):
     assert recorded == [(e.step, e.kind, e.accepted, e.score) for e in grown.hook.events]
 
 
-def test_growth_does_not_retrace_the_trainers_simulate_fn(problem, grown, fixed):
+def test_growth_does_not_retrace_the_trainers_simulate_fn(problem, grown, hand_placed):
     # One trace per bucket shape for the training kernel, with or without births: the
-    # candidate scoring traces the objective's own kernel, never the trainer's.
+    # candidate scoring and the newborns' line searches run the objective's own kernel,
+    # never the trainer's.
     buckets = len(problem["dataset"].bucket_payloads)
-    assert grown.simulate.count == fixed.simulate.count == buckets
+    assert grown.simulate.count == hand_placed.simulate.count == buckets
 
 
 def test_the_objective_compiles_once_for_the_wider_scoring_bank(problem, grown):
@@ -147,12 +151,13 @@ def test_the_objective_compiles_once_for_the_wider_scoring_bank(problem, grown):
     assert calls[-1][1] == calls[wide[0]][1]
 
 
-def test_the_grown_bank_ends_below_the_bank_that_did_not_grow(problem, grown, fixed):
+def test_the_grown_bank_reaches_the_hand_placed_banks_loss(problem, grown, hand_placed):
+    # Measured: grown 2.4e-5 (4 atoms), hand-placed 9.1e-5 (docs/integration.md).
     objective = problem["objective"]
     grown_loss = float(objective((grown.bank,)))
-    fixed_loss = float(objective((fixed.bank,)))
-    print(f"final objective: grown {grown_loss:.3e}, two atoms {fixed_loss:.3e}")
-    assert grown_loss < fixed_loss
+    hand_loss = float(objective((hand_placed.bank,)))
+    print(f"final objective: grown {grown_loss:.3e}, six hand-placed atoms {hand_loss:.3e}")
+    assert grown_loss <= hand_loss
 
 
 class Stop(Exception):

@@ -46,13 +46,14 @@ def _check(hook, bank, steps):
 
 
 ZERO_PAIR = [cb.RefinedPack(0, -2.9, 0.0, 1.0), cb.RefinedPack(0, 2.9, 0.0, 1.0)]
+ONE_BIRTH = {"births": 1, "line_search": False}  # one exact birth per check, weight left at 0
 
 
 def test_birth_is_at_the_grid_point_nearest_the_missing_atom():
     # The residual is exactly one candidate-shaped atom centred at 0.43; the grid has a
     # point at 0.45 (41 points over (-3, 3)), so that candidate is the best aligned.
     hook = cb.TransitionHook.growing(
-        _objective(_target(0.43)), DOMAIN, every=1, plateau=np.inf, scales=(SCALE,)
+        _objective(_target(0.43)), DOMAIN, every=1, plateau=np.inf, scales=(SCALE,), **ONE_BIRTH
     )
     bank = _check(hook, _bank(ZERO_PAIR), [1, 2])
     (event,) = hook.events
@@ -63,7 +64,9 @@ def test_birth_is_at_the_grid_point_nearest_the_missing_atom():
 
 def test_birth_score_is_the_normalised_weight_gradient():
     objective = _objective(_target(0.43))
-    hook = cb.TransitionHook.growing(objective, DOMAIN, every=1, plateau=np.inf, scales=(SCALE,))
+    hook = cb.TransitionHook.growing(
+        objective, DOMAIN, every=1, plateau=np.inf, scales=(SCALE,), **ONE_BIRTH
+    )
     start = _bank(ZERO_PAIR)
     bank = _check(hook, start, [1, 2])
     center = float(bank.centers[2])
@@ -81,6 +84,82 @@ def test_birth_score_is_the_normalised_weight_gradient():
     grid = jnp.linspace(*DOMAIN, hook.n_points)
     norm = jnp.sqrt(jnp.mean(jax.nn.sigmoid(SCALE * (grid - center)) ** 2))
     assert hook.events[0].score == pytest.approx(float(abs(gradient) / norm), rel=1e-9)
+
+
+def _atom(center):
+    """The candidate atom at `center` (slope SCALE) on the objective's points."""
+    return jax.nn.sigmoid(SCALE * (X - center))
+
+
+def test_a_newborn_weight_is_set_by_a_line_search_along_its_gradient():
+    # The objective is quadratic in the newborn weight, so the parabola through the value,
+    # the gradient and one trial point has the exact least-squares weight as its minimum.
+    target = _target(0.43)
+    objective = _objective(target)
+    hook = cb.TransitionHook.growing(
+        objective, DOMAIN, every=1, plateau=np.inf, scales=(SCALE,), births=1
+    )
+    bank = _check(hook, _bank(ZERO_PAIR), [1, 2])
+    birth, weight = hook.events
+    assert (birth.kind, birth.accepted, birth.max_change) == ("zero_output_birth", True, 0.0)
+    assert (weight.kind, weight.accepted, weight.slots) == ("newborn_weight", True, (2,))
+    atom = _atom(float(bank.centers[2]))
+    best = float(jnp.sum(atom * target) / jnp.sum(atom * atom))
+    assert float(bank.weights[2]) == pytest.approx(best, rel=1e-9)
+    assert weight.score == float(bank.weights[2])
+    assert weight.loss_after == pytest.approx(float(objective(bank)), rel=1e-12)
+    assert weight.loss_after < weight.loss_before == birth.loss_before
+    grid = jnp.linspace(*DOMAIN, hook.n_points)
+    change = abs(best) * float(jnp.max(jax.nn.sigmoid(SCALE * (grid - float(bank.centers[2])))))
+    assert weight.max_change == pytest.approx(change, rel=1e-9)
+
+
+def test_the_line_search_keeps_weight_zero_when_no_weight_lowers_the_objective():
+    from confluent_bank._newborn import newborn_weight
+
+    calls = []
+
+    def worse(weight):
+        calls.append(weight)
+        return 1.0 + weight**2  # any move from 0 is worse: the gradient was wrong
+
+    assert newborn_weight(worse, 1.0, 0.5) == (0.0, 1.0)
+    assert calls == [-2.0, -0.2]  # the trial point, then the parabola's minimum
+    assert newborn_weight(lambda weight: float("nan"), 1.0, 0.5) == (0.0, 1.0)
+    assert newborn_weight(worse, 1.0, 0.0) == (0.0, 1.0) and len(calls) == 2
+
+
+def test_several_atoms_are_born_in_one_check_while_their_scores_stay_large():
+    target = 0.7 * _atom(0.43) - 0.6 * _atom(-1.6)
+    hook = cb.TransitionHook.growing(
+        _objective(target), DOMAIN, every=1, plateau=np.inf, scales=(SCALE,), births=2
+    )
+    bank = _check(hook, _bank(ZERO_PAIR), [1, 2])
+    births = [e for e in hook.events if e.kind == "zero_output_birth"]
+    assert [e.step for e in births] == [2, 2] and int(np.sum(np.asarray(bank.active))) == 4
+    assert births[1].score >= births[0].score / 2  # the rule that let the second one in
+    # Each birth is scored after the previous newborn's line search: a fresh gradient.
+    assert births[1].loss_before < births[0].loss_before
+
+
+def test_no_further_birth_in_a_check_once_the_best_score_halves():
+    # The target is one candidate atom: born and line-searched, it leaves no residual, so
+    # the next best score is far below half the first and the check births nothing more.
+    target = 0.7 * _atom(0.45)
+    hook = cb.TransitionHook.growing(
+        _objective(target), DOMAIN, every=1, plateau=np.inf, scales=(SCALE,), births=3
+    )
+    _check(hook, _bank(ZERO_PAIR), [1, 2])
+    assert [e.kind for e in hook.events] == ["zero_output_birth", "newborn_weight"]
+
+
+def test_one_birth_per_check_with_births_1():
+    target = 0.7 * _atom(0.43) - 0.6 * _atom(-1.6)
+    hook = cb.TransitionHook.growing(
+        _objective(target), DOMAIN, every=1, plateau=np.inf, scales=(SCALE,), births=1
+    )
+    _check(hook, _bank(ZERO_PAIR), [1, 2])
+    assert [e.kind for e in hook.events] == ["zero_output_birth", "newborn_weight"]
 
 
 def test_colliding_atoms_are_merged_into_a_pair():
@@ -105,8 +184,9 @@ def test_far_apart_atoms_are_not_merged():
 def test_an_atom_near_zero_for_prune_checks_checks_is_removed():
     packs = [cb.RefinedPack(0, 0.0, 1.0, 1.0), cb.RefinedPack(0, 1.0, 1e-7, 1.0)]
     hook = cb.TransitionHook.growing(
-        _objective(_target(0.0)), DOMAIN, every=1, max_active=2, prune_checks=2
-    )
+        _objective(_target(0.0)), DOMAIN, every=1, max_active=2, prune_checks=2,
+        line_search=False,
+    )  # fmt: skip
     start = _bank(packs)
     once = _check(hook, start, [1])
     assert hook.events == [] and bool(once.active[1])
@@ -122,8 +202,9 @@ def test_growth_stops_when_the_last_birth_did_not_improve_the_objective():
     # Without training between checks the objective never improves: one birth fills
     # max_active, and two checks later the policy judges it and stops.
     hook = cb.TransitionHook.growing(
-        _objective(_target(0.43)), DOMAIN, every=1, max_active=3, scales=(SCALE,), prune_checks=9
-    )
+        _objective(_target(0.43)), DOMAIN, every=1, max_active=3, scales=(SCALE,),
+        prune_checks=9, line_search=False,
+    )  # fmt: skip
     bank = _check(hook, _bank(ZERO_PAIR), [1, 2, 3, 4])
     kinds = [event.kind for event in hook.events]
     assert kinds == ["zero_output_birth", "stop_growing"]
@@ -213,6 +294,8 @@ def test_growth_never_recompiles_the_training_step(training):
         ({"scales": (1.0, 0.0)}, "scales must be finite numbers > 0"),
         ({"orders": (-1,)}, "orders must be integers >= 0"),
         ({"prune_checks": 0}, "prune_checks must be a positive integer"),
+        ({"births": 0}, "births must be a positive integer"),
+        ({"line_search": 1}, "line_search must be True or False"),
     ],
 )
 def test_growing_refuses_bad_options(options, match):

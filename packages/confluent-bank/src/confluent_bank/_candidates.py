@@ -100,11 +100,12 @@ class CandidateScorer:
 
     def scores(
         self, objective: Callable[[Any], Any], leaves: list[tuple[Any, Any]], treedef: Any, i: int
-    ) -> np.ndarray:
-        """`|∂objective/∂w_j| / ‖φ_j‖` for every candidate `j`, in one gradient evaluation.
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`(|∂objective/∂w_j| / ‖φ_j‖, ∂objective/∂w_j)` for every candidate `j`, `[C]` each.
 
-        `leaves` (key path, leaf) and `treedef` rebuild the predictors; the bank is
-        `leaves[i]`. Candidates of an order above the bank's `max_order` score 0.
+        Both come from one gradient evaluation. `leaves` (key path, leaf) and `treedef`
+        rebuild the predictors; the bank is `leaves[i]`. Candidates of an order above the
+        bank's `max_order` score 0 (and their gradient is 0).
         """
         bank = leaves[i][1]
         pool, norms = self._pool(bank)
@@ -119,6 +120,8 @@ class CandidateScorer:
         zero = jnp.zeros(len(pool["centers"]), dtype=bank.weights.dtype)
         gradient = np.asarray(jax.grad(loss)(zero))
         scores = np.abs(gradient) / np.where(norms > 0, norms, np.inf)
-        full = np.zeros(len(self.candidates["centers"]))
-        full[self.candidates["orders"] <= bank.max_order] = scores
-        return np.where(np.isfinite(full), full, 0.0)
+        keep = self.candidates["orders"] <= bank.max_order
+        full, raw = np.zeros(len(keep)), np.zeros(len(keep))
+        full[keep], raw[keep] = scores, gradient
+        finite = np.isfinite(full) & np.isfinite(raw)
+        return np.where(finite, full, 0.0), np.where(finite, raw, 0.0)

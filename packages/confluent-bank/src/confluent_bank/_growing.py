@@ -3,7 +3,8 @@
 `TransitionHook.growing(objective, domain)` builds a `GrowingHook`. Every `every` steps it
 evaluates the objective once and decides, in this order: remove atoms whose contribution has
 stayed near zero, merge colliding atoms into centred pairs, and, when training has
-plateaued, birth the candidate atom whose zero weight has the largest normalised gradient.
+plateaued, birth the candidate atoms whose zero weights have the largest normalised gradient
+(up to `births` per check), each newborn's weight then set by a line search (`_newborn.py`).
 Every transition is one of the bank's own exact (or bounded) commits, so shapes never change
 and nothing recompiles; every decision is a `TransitionEvent` with its score.
 """
@@ -26,10 +27,13 @@ from confluent_bank._candidates import CandidateScorer
 from confluent_bank._commit import detect_transitions
 from confluent_bank._hook import TransitionEvent, TransitionHook, _is_bank
 from confluent_bank._host import HostView, transaction
+from confluent_bank._newborn import Unseeded, newborn_weight
 from confluent_bank._records import RefinedPack, SlotMode, SlotUpdate, TransitionProposal
 
 REMOVE_NEAR_ZERO = "remove_near_zero"
 """The kind of the growing policy's removals: weight and `active` of one ordinary slot → 0."""
+NEWBORN_WEIGHT = "newborn_weight"
+"""The kind of the event that records a newborn's first weight, set by a line search."""
 STOP_GROWING = "stop_growing"
 """The kind of the event that records the decision to stop growing (nothing is committed)."""
 
@@ -77,32 +81,6 @@ def _removal_acceptance(domain: tuple[float, float]) -> Callable[[Any, Transitio
     return acceptance
 
 
-class _Unseeded:
-    """An optax commit adapter whose fresh rows start from zero moments, without seeds.
-
-    `commit_adapter` seeds a newborn's second moments from its siblings, `√ν = Σ_o √ν_o`,
-    which keeps a birth quiet; in a bank that grows to 16 atoms it makes Adam's steps on the
-    newborn weight 10 to 100 times smaller than its siblings' for thousands of steps
-    (β₂ = 0.999), and the newborn is removed as near zero before it has learned. Without
-    seeds the fresh rows move by about the learning rate per step, ramped in by
-    `row_warmup`. Measured (issue 24): in 4000 Adam steps the grown bank ends at 0.25–0.88×
-    the MLP's loss on four curves; seeded, it ends at 39× (wave) and 162× (kink) with the
-    sum (newborns removed before they learn, then born again) and 3.8–4.4× with the mean;
-    the price is a short bump after each birth, 3.1× (adam) and 3.0× (adabelief) the
-    control's largest loss over the 50 steps after a birth in the spike problem of
-    `benchmarks/transition_spikes.py`, where the sum gives 0.97 and 1.00.
-    """
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def __call__(self, state: Any, bank: Any, slots: tuple[int, ...]) -> Any:
-        return self.inner(state, bank, slots)
-
-    def carry_transition(self, state: Any, bank: Any, carry: Any) -> Any:
-        return self.inner.carry_transition(state, bank, dataclasses.replace(carry, seeds=()))
-
-
 class GrowingHook(TransitionHook):
     """The hook `TransitionHook.growing` builds (see there for the policy and its options).
 
@@ -115,9 +93,9 @@ class GrowingHook(TransitionHook):
         objective: Callable[[Any], Any],
         domain: tuple[float, float],
         *,
-        every: int = 100,
+        every: int = 20,
         max_active: int | None = None,
-        plateau: float = 0.2,
+        plateau: float = 0.1,
         stop_tol: float = 0.01,
         n_centers: int = 41,
         scales: Sequence[float] | None = None,
@@ -125,6 +103,8 @@ class GrowingHook(TransitionHook):
         prune_tol: float = 1e-3,
         prune_checks: int = 3,
         merge_distance: float = 0.05,
+        line_search: bool = True,
+        births: int = 3,
         adapter: Any = None,
         retract: bool = True,
         n_points: int = 401,
@@ -151,8 +131,12 @@ class GrowingHook(TransitionHook):
         self.prune_tol = _non_negative(prune_tol, "prune_tol")
         self.prune_checks = _positive_int(prune_checks, "prune_checks")
         self.merge_distance = _non_negative(merge_distance, "merge_distance")
+        if not isinstance(line_search, bool):
+            raise ValueError(f"{_name('line_search')} must be True or False, got {line_search!r}")
+        self.line_search = line_search
+        self.births = _positive_int(births, "births")
         count = _positive_int(n_centers, "n_centers")
-        slopes = tuple(s * 1.0 for s in (4, 8, 16, 32)) if scales is None else tuple(scales)
+        slopes = tuple(s * 1.0 for s in (2, 4, 8, 16)) if scales is None else tuple(scales)
         slopes = tuple(s / (hi - lo) for s in slopes) if scales is None else slopes
         if not slopes or not all(
             isinstance(s, numbers.Real) and math.isfinite(s) and s > 0 for s in slopes
@@ -173,7 +157,7 @@ class GrowingHook(TransitionHook):
     def _adapter(self, path: str, n_banks: int, opt_state: Any) -> Any:
         adapter = super()._adapter(path, n_banks, opt_state)
         if self.adapter is None and hasattr(adapter, "carry_transition"):
-            return _Unseeded(adapter)
+            return Unseeded(adapter)
         return adapter
 
     # -- state ----------------------------------------------------------------------------
@@ -337,7 +321,22 @@ class GrowingHook(TransitionHook):
                     )
                 )
                 return state
-        best: tuple[float, int, int, int] | None = None  # (score, bank leaf, slot, candidate)
+        first = None  # the first birth's score: later births of this check need half of it
+        for _ in range(self.births):
+            best = self._best_candidate(leaves, treedef, banks)
+            if best is None or not best[0] > 0 or (first is not None and best[0] < first / 2):
+                break
+            state, value, born = self._birth(step, leaves, treedef, banks, state, value, best)
+            if not born:
+                break
+            first = best[0] if first is None else first
+        return state
+
+    def _best_candidate(
+        self, leaves: list, treedef: Any, banks: list[int]
+    ) -> tuple[float, int, int, int, float] | None:
+        """`(score, bank leaf, free slot, candidate, gradient)` of the best candidate, if any."""
+        best = None
         for i in banks:
             bank = leaves[i][1]
             host = HostView.read(bank).host
@@ -345,25 +344,62 @@ class GrowingHook(TransitionHook):
             limit = bank.max_packs if self.max_active is None else self.max_active
             if free.size == 0 or int(np.sum(host["active"])) >= limit:
                 continue
-            scores = self._scorer.scores(self.objective, leaves, treedef, i)
+            scores, gradients = self._scorer.scores(self.objective, leaves, treedef, i)
             j = int(np.argmax(scores))
             if best is None or scores[j] > best[0]:
-                best = (float(scores[j]), i, int(free[0]), j)
-        if best is None or not best[0] > 0:
-            return state
-        score, i, slot, j = best
+                best = (float(scores[j]), i, int(free[0]), j, float(gradients[j]))
+        return best
+
+    def _birth(
+        self, step: int, leaves: list, treedef: Any, banks: list[int], state: Any, value: float,
+        best: tuple[float, int, int, int, float],
+    ) -> tuple[Any, float, bool]:  # fmt: skip
+        """Birth candidate `best`, then line-search its weight; `(state, objective, born)`."""
+        score, i, slot, j, gradient = best
         pool = self.candidates
         pack = RefinedPack(
             int(pool["orders"][j]), float(pool["centers"][j]), 0.0, float(pool["scales"][j])
         )
         bank = leaves[i][1]
-        with transaction(bank):
+        with transaction(bank) as view:
+            ident = view.slot_id(slot)
             proposal = bank.propose_birth(slot, pack)
             state, accepted = self._commit_one(
                 step, leaves, treedef, i, proposal, state, len(banks),
                 score=score, before=value, unchanged=True,
             )  # fmt: skip
-        if accepted:
-            self._at_birth = self._previous = value
-            self._since_birth = 0
-        return state
+        if not accepted:
+            return state, value, False
+        self._at_birth = value
+        self._since_birth = 0
+        if self.line_search:
+            value = self._set_newborn_weight(step, leaves, treedef, i, slot, ident, value, gradient)
+        self._previous = value
+        return state, value, True
+
+    def _set_newborn_weight(
+        self, step: int, leaves: list, treedef: Any, i: int, slot: int, ident: int,
+        value: float, gradient: float,
+    ) -> float:  # fmt: skip
+        """Move the newborn's weight from 0 to `newborn_weight`'s and record it; the objective."""
+        born = leaves[i][1]
+
+        def with_weight(weight: float) -> ConfluentPackBank:
+            return dataclasses.replace(born, weights=born.weights.at[slot].set(weight))
+
+        def loss_at(weight: float) -> float:
+            pieces = [leaf for _, leaf in leaves]
+            pieces[i] = with_weight(weight)
+            return float(self.objective(treedef.unflatten(pieces)))
+
+        weight, after = newborn_weight(loss_at, value, gradient)
+        if weight == 0.0:
+            return value
+        leaves[i] = (leaves[i][0], with_weight(weight))
+        self.events.append(
+            TransitionEvent(
+                int(step), jax.tree_util.keystr(leaves[i][0]), NEWBORN_WEIGHT, (ident,), True,
+                self._change(born, leaves[i][1]), value, after, weight,
+            )
+        )  # fmt: skip
+        return after

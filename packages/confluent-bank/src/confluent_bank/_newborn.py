@@ -1,0 +1,79 @@
+"""What a newborn atom starts with: its first weight and its optimizer moments.
+
+A birth is exact (weight 0), and the scoring pass already gave the objective's derivative
+`g` with respect to the newborn weight. Left at 0, the optimiser needs some tens of steps to
+move the weight to where it helps, and a check later the policy may judge an atom that has
+barely started. One trial point and a parabola through `L(0)`, `L'(0) = g` and `L(w₁)` put
+it near its best value at the price of at most two objective evaluations; the weight moves
+only when the objective falls, so a line search never makes the objective worse.
+
+Its optimizer moments start at zero (`Unseeded`), not seeded from its siblings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+
+def newborn_weight(
+    loss_at: Callable[[float], float], value: float, gradient: float
+) -> tuple[float, float]:
+    """The newborn weight `w` and the objective `loss_at(w)`; `(0.0, value)` if none is lower.
+
+    **Arguments:**
+
+    - `loss_at`: the objective with the newborn's weight set to `w`, every other parameter
+      as it is.
+    - `value`: `loss_at(0.0)`, already known.
+    - `gradient`: `d loss_at / dw` at 0, already known (the scoring pass).
+
+    The trial point `w₁ = −value / gradient` is where the first-order model of the objective
+    reaches zero: for a loss `≥ 0` that is quadratic in `w` it is at least half the minimiser,
+    so the parabola through `(0, value)` with slope `gradient` and `(w₁, loss_at(w₁))` has its
+    minimum `w* = −gradient / curvature` in the right place; `w*` is then evaluated once and
+    the lowest of `0`, `w₁` and `w*` is kept. A non-finite objective counts as no better.
+    """
+    if not (math.isfinite(value) and math.isfinite(gradient)) or gradient == 0 or value <= 0:
+        return 0.0, value
+    best = (0.0, value)
+    trial = -value / gradient
+    at_trial = loss_at(trial)
+    if math.isfinite(at_trial) and at_trial < best[1]:
+        best = (trial, at_trial)
+    curvature = 2.0 * (at_trial - value - gradient * trial) / trial**2
+    if math.isfinite(curvature) and curvature > 0:
+        weight = -gradient / curvature
+        at_weight = loss_at(weight)
+        if math.isfinite(at_weight) and at_weight < best[1]:
+            best = (weight, at_weight)
+    return best
+
+
+class Unseeded:
+    """An optax commit adapter whose fresh rows start from zero moments, without seeds.
+
+    `commit_adapter` seeds a newborn's second moments from its siblings, `√ν = Σ_o √ν_o`,
+    which keeps a birth quiet; in a bank that grows to 16 atoms it makes Adam's steps on the
+    newborn weight 10 to 100 times smaller than its siblings' for thousands of steps
+    (β₂ = 0.999), and the newborn is removed as near zero before it has learned. Without
+    seeds the fresh rows move by about the learning rate per step, ramped in by
+    `row_warmup`. Measured (issue 24, one birth per plateau and no line search yet): in
+    4000 Adam steps the grown bank ends at 0.25–0.88× the MLP's loss on four curves;
+    seeded, it ends at 39× (wave) and 162× (kink) with the sum (newborns removed before
+    they learn, then born again) and 3.8–4.4× with the mean;
+    the price is a short bump after each birth, 3.1× (adam) and 3.0× (adabelief) the
+    control's largest loss over the 50 steps after a birth in the spike problem of
+    `benchmarks/transition_spikes.py`, where the sum gives 0.97 and 1.00.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __call__(self, state: Any, bank: Any, slots: tuple[int, ...]) -> Any:
+        return self.inner(state, bank, slots)
+
+    def carry_transition(self, state: Any, bank: Any, carry: Any) -> Any:
+        return self.inner.carry_transition(state, bank, dataclasses.replace(carry, seeds=()))
