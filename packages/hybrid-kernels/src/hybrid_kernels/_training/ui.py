@@ -209,10 +209,10 @@ class LogUI(TrainingUI):
         self._clock = _Clock()
         self._phase_end = 0
         self._failures = _Failures()
-        self._effort = ""
+        self._per_bucket: tuple[tuple[float, ...], ...] = ()
 
     def on_solver_steps(self, *, step: int, per_bucket: tuple[tuple[float, ...], ...]) -> None:
-        self._effort = _format_effort(per_bucket)
+        self._per_bucket = per_bucket  # formatted only for the lines written
 
     def _write(self, text: str) -> None:
         stream = sys.stdout if self.stream is None else self.stream
@@ -243,10 +243,11 @@ class LogUI(TrainingUI):
         self._clock.tick(step)
         if (step + 1) % self.every and step + 1 != self._phase_end:
             return
+        effort = _format_effort(self._per_bucket)
         self._write(
             f"phase {phase_idx} step {step + 1}/{self._clock.total} loss={loss:.6g} "
             f"penalty={penalty:.4g} {self._clock.rate():.1f} steps/s "
-            f"ETA {_format_eta(self._clock.eta())}" + (f" {self._effort}" if self._effort else "")
+            f"ETA {_format_eta(self._clock.eta())}" + (f" {effort}" if effort else "")
         )
 
     def on_bad_step(self, *, step: int, phase_idx: int, loss: float) -> None:
@@ -267,6 +268,9 @@ class LogUI(TrainingUI):
         self._write(f"done: final loss {final_loss:.6g}")
 
 
+_REDRAW_SECONDS = 0.05
+
+
 class RichUI(TrainingUI):
     """A Rich live dashboard: phase, step/total, loss, penalty, steps/s and ETA.
 
@@ -285,10 +289,12 @@ class RichUI(TrainingUI):
         self._clock = _Clock()
         self._num_phases = 0
         self._failures = _Failures()
-        self._effort = ""
+        self._per_bucket: tuple[tuple[float, ...], ...] = ()
+        self._phase_end = 0
+        self._drawn = 0.0
 
     def on_solver_steps(self, *, step: int, per_bucket: tuple[tuple[float, ...], ...]) -> None:
-        self._effort = _format_effort(per_bucket)
+        self._per_bucket = per_bucket  # formatted only for the steps drawn
 
     def on_run_start(self, *, total_steps: int, num_phases: int) -> None:
         from rich.console import Console
@@ -332,6 +338,7 @@ class RichUI(TrainingUI):
     def on_phase_start(
         self, *, phase_idx: int, phase_steps: int, lr: float, optimizer: Any, start_step: int
     ) -> None:
+        self._phase_end = start_step + phase_steps
         if self._progress is not None:
             self._progress.update(
                 self._step_task,
@@ -341,14 +348,22 @@ class RichUI(TrainingUI):
 
     def on_step_end(self, *, step: int, phase_idx: int, loss: float, penalty: float) -> None:
         self._clock.tick(step)
-        if self._progress is not None:
-            rate, eta = self._clock.rate(), _format_eta(self._clock.eta())
-            self._progress.update(
-                self._step_task,
-                completed=step + 1,
-                info=f"loss {loss:.4e}  penalty {penalty:.3e}  {rate:.1f} steps/s  ETA {eta}"
-                + (f"  {self._effort}" if self._effort else ""),
-            )
+        if self._progress is None:
+            return
+        # The display redraws 10 times a second: updating it at every millisecond step would
+        # cost more than the step. A phase's last step is always drawn.
+        now = time.perf_counter()
+        if now - self._drawn < _REDRAW_SECONDS and step + 1 != self._phase_end:
+            return
+        self._drawn = now
+        rate, eta = self._clock.rate(), _format_eta(self._clock.eta())
+        effort = _format_effort(self._per_bucket)
+        self._progress.update(
+            self._step_task,
+            completed=step + 1,
+            info=f"loss {loss:.4e}  penalty {penalty:.3e}  {rate:.1f} steps/s  ETA {eta}"
+            + (f"  {effort}" if effort else ""),
+        )
 
     def on_bad_step(self, *, step: int, phase_idx: int, loss: float) -> None:
         self.on_message(text=f"step {step + 1}: non-finite loss {loss}; step skipped")
