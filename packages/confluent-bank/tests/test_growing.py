@@ -174,6 +174,20 @@ def test_colliding_atoms_are_merged_into_a_pair():
     assert event.max_change <= 1e-13  # a pair merge is exact
 
 
+def test_only_the_colliding_pair_is_merged_among_far_atoms():
+    packs = [
+        cb.RefinedPack(0, 0.0, 1.0, 1.0),
+        cb.RefinedPack(0, 1.5, 0.4, 1.0),
+        cb.RefinedPack(0, 0.01, -0.5, 1.0),
+        cb.RefinedPack(0, -1.0, 0.3, 1.0),
+    ]
+    hook = cb.TransitionHook.growing(_objective(_target(0.0)), DOMAIN, every=1, max_active=4)
+    _check(hook, _bank(packs), [1])
+    merges = [e for e in hook.events if e.kind == "centered_pair"]
+    assert [(e.accepted, e.slots) for e in merges] == [(True, (0, 2))]
+    assert merges[0].score <= hook.merge_distance
+
+
 def test_far_apart_atoms_are_not_merged():
     packs = [cb.RefinedPack(0, 0.0, 1.0, 1.0), cb.RefinedPack(0, 0.5, -0.5, 1.0)]
     hook = cb.TransitionHook.growing(_objective(_target(0.0)), DOMAIN, every=1, max_active=2)

@@ -268,7 +268,15 @@ class GrowingHook(TransitionHook):
             bank = leaves[i][1]
             if not self._collisions(bank):
                 break
-            found = detect_transitions(bank, lambda b: -len(self._collisions(b)))
+            # Only a merge of a colliding pair itself: merging one of its atoms with a far one
+            # also lowers the count, but is not the near-exact merge the policy means.
+            colliding = {frozenset(p) for p in self._collisions(bank)}
+            ids = [int(x) for x in HostView.read(bank).host["slot_ids"]]
+            found = [
+                p
+                for p in detect_transitions(bank, lambda b: -len(self._collisions(b)))
+                if frozenset(ids.index(s) for s in p.slot_ids) in colliding
+            ]
             if not found:
                 break
             proposal = found[0]
