@@ -121,12 +121,6 @@ class BucketPayload(_PayloadFields):
         )
 
 
-def _to_device(x: Any) -> Any:
-    # A plain transfer: since jax 0.10 `jnp.asarray` of a NumPy array compiles a small program
-    # per shape and dtype, which a one-trajectory run would wait for before its first step.
-    return jax.device_put(x) if isinstance(x, np.ndarray) else jnp.asarray(x)
-
-
 def _is_array(x: Any) -> bool:
     return isinstance(x, jax.Array | np.ndarray)
 
@@ -284,7 +278,7 @@ def make_dataset(
             n_devices,
             np_dtype,
         )
-        bp = BucketPayload(**jax.tree.map(_to_device, fields))
+        bp = BucketPayload(**jax.tree.map(jnp.asarray, fields))
         payloads.append(place_bucket(bp, mesh))
         ids.append(row_ids)
     return Dataset(
