@@ -51,7 +51,9 @@ def _decay_train(dataset, solver, **config):
     )
 
 
-def test_reads_trail_the_newest_step_by_one(oscillator, one_bucket, monkeypatch):
+@pytest.fixture
+def read_pattern(monkeypatch):
+    """`(ui, seen)`: `seen` gets `(step, steps dispatched so far)` as each step is reported."""
     dispatched, seen = [], []
     original = _loop.take_step
 
@@ -64,26 +66,20 @@ def test_reads_trail_the_newest_step_by_one(oscillator, one_bucket, monkeypatch)
             seen.append((step, len(dispatched)))
 
     monkeypatch.setattr(_loop, "take_step", counting)
-    train(oscillator, one_bucket, quiet(steps=(6,)), ui=UI())
+    return UI(), seen
+
+
+def test_reads_trail_the_newest_step_by_one(oscillator, one_bucket, read_pattern):
+    ui, seen = read_pattern
+    train(oscillator, one_bucket, quiet(steps=(6,)), ui=ui)
     # step n is reported once step n + 1 is in flight; the last step at the phase end
     assert seen == [(n, n + 2) for n in range(5)] + [(5, 6)]
 
 
-def test_a_run_with_a_hook_reads_every_step_before_the_next(oscillator, one_bucket, monkeypatch):
-    dispatched, seen = [], []
-    original = _loop.take_step
-
-    def counting(*args, **kwargs):
-        dispatched.append(1)
-        return original(*args, **kwargs)
-
-    class UI(hk.TrainingUI):
-        def on_step_end(self, *, step, **kwargs):
-            seen.append((step, len(dispatched)))
-
-    monkeypatch.setattr(_loop, "take_step", counting)
+def test_a_run_with_a_hook_reads_every_step_before_the_next(oscillator, one_bucket, read_pattern):
+    ui, seen = read_pattern
     hook = lambda step, predictors, opt_state: None  # noqa: E731
-    train(oscillator, one_bucket, quiet(steps=(4,)), ui=UI(), hooks=hook)
+    train(oscillator, one_bucket, quiet(steps=(4,)), ui=ui, hooks=hook)
     assert seen == [(n, n + 1) for n in range(4)]
 
 
