@@ -26,6 +26,7 @@ from hybrid_kernels import _sensitivity as sensitivity
 from hybrid_kernels._data import BucketPayload
 from hybrid_kernels._dtypes import default_float
 from hybrid_kernels._errors import RowSolveError, solver_reason
+from hybrid_kernels._quiet import quiet
 from hybrid_kernels._solver import SolverConfig
 
 
@@ -120,6 +121,7 @@ class _BucketKernel:
         # never recompiles, and a call flattens only the predictors and the bucket.
         bound = (objective,) if trainable is None else (objective, trainable)
         self._run = fj.entry(body, *bound)
+        self._body, self._bound = body, bound
         self._objective = objective
         self._trainable = trainable
         self._tp_weight = tp_weight
@@ -129,6 +131,14 @@ class _BucketKernel:
         self._diagnose = diagnose
         self._seen: set = set()
         self.last_solver_steps: Array | None = None
+
+    def quiet_run(self):
+        """This kernel's entry traced without host callbacks (`_quiet`): a `throw=True`
+        solve's failed checks leave NaN and flag their rows, for the caller to replay."""
+        objective = self._bound[0]
+        solver = quiet(objective.solver) if objective.solver.throw else objective.solver
+        bound = (dataclasses.replace(objective, solver=solver), *self._bound[1:])
+        return fj.entry(self._body, *bound)
 
     @property
     def sensitivity_notice(self) -> str | None:

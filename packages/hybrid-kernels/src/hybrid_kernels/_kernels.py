@@ -38,6 +38,7 @@ from hybrid_kernels._dispatch import (
     _strong_flat,
 )
 from hybrid_kernels._errors import no_host_callbacks
+from hybrid_kernels._quiet import callback_free, is_quiet, loud
 from hybrid_kernels._simulate import _simulate_bucket, _simulate_with_steps
 from hybrid_kernels._solver import SolverConfig
 
@@ -115,6 +116,8 @@ class _Objective(eqx.Module):
             # No solve failed (it would have raised), but a row whose scored predictions are
             # not finite makes the loss non-finite: flag it, so the skipped step names it.
             failed = ~jnp.all(jnp.isfinite(pred) | ~bp_m.mask, axis=(1, 2))
+            if is_quiet(self.solver):  # a failed check left NaN somewhere in the row: suspect
+                failed = failed | ~jnp.all(jnp.isfinite(full), axis=tuple(range(1, full.ndim)))
         loss = self.loss_fn(pred, bp_m)
         pf.check_scalar(loss, "loss_fn", bp)
         if self.trajectory_penalty_fn is not None:
@@ -172,7 +175,7 @@ class _Objective(eqx.Module):
 
 
 def _bucket_step(objective, trainable, predictors, bp, fraction, tp_weight):
-    with no_host_callbacks(not objective.solver.throw):
+    with no_host_callbacks(callback_free(objective.solver)):
         diff, static = eqx.partition(predictors, trainable)
 
         def f_for(solver):
@@ -186,7 +189,7 @@ def _bucket_step(objective, trainable, predictors, bp, fraction, tp_weight):
         # Forward or reverse: decided here, at trace time, from static shapes and from whether
         # forward mode can trace `simulate_fn` at all (_sensitivity).
         (loss, (failed, steps)), grads = sensitivity.value_and_grad(
-            f_for, objective.solver, diff, key=objective
+            f_for, objective.solver, diff, key=_plain(objective)
         )
         if not objective.solver.throw:
             # Every row failed: even the donor row is unhealthy, so drop the whole gradient.
@@ -194,8 +197,16 @@ def _bucket_step(objective, trainable, predictors, bp, fraction, tp_weight):
     return loss, grads, failed, steps
 
 
+def _plain(objective):
+    # A quiet trace (`_quiet`) shares its ordinary trace's sensitivity decision and notice.
+    solver = loud(objective.solver)
+    return (
+        objective if solver is objective.solver else dataclasses.replace(objective, solver=solver)
+    )
+
+
 def _score_bucket(objective, predictors, bp, fraction, tp_weight):
-    with no_host_callbacks(not objective.solver.throw):
+    with no_host_callbacks(callback_free(objective.solver)):
         loss, (failed, steps) = objective(predictors, bp, fraction, tp_weight)
         return loss, failed, steps
 

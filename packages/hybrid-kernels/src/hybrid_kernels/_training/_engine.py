@@ -130,7 +130,7 @@ class Engine:
         self._objective_for: Any = None
         self._objective: Objective | None = None
         self._stored: tuple[Any, Any, Any] | None = None
-        self._throw = bool(solver.throw)
+        self.throws = bool(solver.throw)  # whether a failed solve raises
         self.penalty_step = _cached(
             _PENALTY_KERNELS,
             (self.penalty_fn, self._mask_key),
@@ -178,7 +178,7 @@ class Engine:
         Only with `throw=True` solves, where no row can fail silently: this step reports no
         per-row failures and no solver effort (the line search measured them)."""
         last = self._stored
-        if not (opt.stores_value and self._throw and last is not None):
+        if not (opt.stores_value and self.throws and last is not None):
             return None
         if not (
             carry.predictors is last[0] and carry.opt_state is last[1] and objective is last[2]

@@ -96,18 +96,19 @@ class _Entry(NamedTuple):
     fraction: Any
     apply_update: Any
     best: bool
+    quiet: bool
     run: Any
     data: tuple
     tail: tuple
 
 
-_ENTRIES: dict[int, _Entry] = {}
+_ENTRIES: dict[tuple[int, bool], _Entry] = {}
 
 
-def _entry(kernel, opt, carry: Carry | FlatCarry, bp, inputs, best: bool) -> _Entry:
+def _entry(kernel, opt, carry: Carry | FlatCarry, bp, inputs, best: bool, quiet: bool) -> _Entry:
     """The program and the arguments a fused step passes besides the carry; the bucket
     kernel's first-use checks run once per bucket, phase and optimiser."""
-    e = _ENTRIES.get(id(kernel))
+    e = _ENTRIES.get((id(kernel), quiet))
     if (
         e is not None
         and e.kernel is kernel
@@ -118,25 +119,31 @@ def _entry(kernel, opt, carry: Carry | FlatCarry, bp, inputs, best: bool) -> _En
     ):
         return e
     args = kernel._arguments(as_carry(carry).predictors, bp, inputs.fraction, None)
-    bound = (kernel._run, opt.apply_update, best)
+    bound = (kernel.quiet_run() if quiet else kernel._run, opt.apply_update, best)
     if _closable(bp):
         run, data = fj.closed_entry(_traced, bp, *bound), ()
     else:
         run, data = fj.entry(_traced, *bound), (bp,)
-    e = _Entry(kernel, bp, inputs.fraction, opt.apply_update, best, run, data, tuple(args[2:]))
+    e = _Entry(
+        kernel, bp, inputs.fraction, opt.apply_update, best, quiet, run, data, tuple(args[2:])
+    )
     if len(_ENTRIES) >= 64:
         _ENTRIES.clear()
-    _ENTRIES[id(kernel)] = e
+    _ENTRIES[(id(kernel), quiet)] = e
     return e
 
 
-def take_whole_step(engine, opt, carry, bp, inputs, best_on_loss, defer_errors):
+def take_whole_step(engine, opt, carry, bp, inputs, best_on_loss, defer_errors, quiet=False):
     """`take_step` for one bucket without a penalty: `bucket_step` and the tail in one call,
     with the bucket kernel's own checks before it and its error naming after a failed solve
     (at once, or through `raise_deferred` when the caller reads the report later). Returns a
-    `FlatCarry` and the report."""
+    `FlatCarry` and the report.
+
+    `quiet`: a `throw=True` solve is traced without host callbacks (`_quiet`), so the step
+    dispatches asynchronously even on CPU; a report with any row flagged or not finite is
+    then *suspect*, and its step must be replayed with `quiet=False` (`_reads.sync` does)."""
     kernel = engine.bucket_step
-    e = _entry(kernel, opt, carry, bp, inputs, best_on_loss)
+    e = _entry(kernel, opt, carry, bp, inputs, best_on_loss, quiet)
     static, dynamic = carry if isinstance(carry, FlatCarry) else fj.flatten(carry)
     throw = kernel._objective.solver.throw
     try:

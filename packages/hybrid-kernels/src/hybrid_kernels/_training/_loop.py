@@ -34,6 +34,7 @@ from hybrid_kernels._training._step import (
     forget_best,
     improve_jit,
     new_carry,
+    quiet_step,
     set_learning_rate,
     take_step,
 )
@@ -58,7 +59,10 @@ class LoopState:
 
     `raw` is the carry as the last step left it (see `carry`). `done` counts steps over all
     phases, `phase_step` steps within phase `phase`; `pending` holds the dispatched steps not
-    yet read back (`_reads.Pending`), oldest first.
+    yet read back (`_reads.Pending`), oldest first. `quiet`: one-program steps of a
+    `throw=True` solve are traced without host callbacks (`_quiet`) until replays of suspect
+    steps that raised nothing show that this run's steps are often not finite
+    (`_reads.MAX_REPLAYS`).
     """
 
     history: LossHistory = dataclasses.field(default_factory=LossHistory)
@@ -70,6 +74,8 @@ class LoopState:
     bad_in_row: int = 0
     pending: list[Pending] = dataclasses.field(default_factory=list)
     ended: bool = False
+    quiet: bool = True
+    replays: int = 0
 
     @property
     def carry(self) -> Carry:
@@ -216,6 +222,7 @@ def _run_phases(setup: Setup, st: LoopState) -> None:
         )
         while st.phase == phase:
             before = st.raw
+            quiet = st.quiet and quiet_step(setup.engine, st.opt, inputs)
             try:
                 st.raw, report = take_step(
                     setup.engine,
@@ -225,11 +232,12 @@ def _run_phases(setup: Setup, st: LoopState) -> None:
                     inputs,
                     best_on_loss=setup.best_on_loss,
                     defer_errors=True,
+                    quiet=quiet,
                 )
             except (jax.errors.JaxRuntimeError, ValueError) as error:  # an earlier step's?
                 failed = Pending(st.done, st.phase, None, before, before, inputs)
                 _reads.raise_failed(setup, st, [*st.pending, failed], error)
-            st.pending.append(Pending(st.done, st.phase, report, before, st.raw, inputs))
+            st.pending.append(Pending(st.done, st.phase, report, before, st.raw, inputs, quiet))
             st.done, st.phase_step = st.done + 1, st.phase_step + 1
             _between_steps(setup, st)
 

@@ -8,6 +8,11 @@ that waits on every step pays both one after the other. A decision taken from a 
 (a patience stop, a non-finite streak, an overflowing update, a failed solve) first rolls the
 run back to the step it was taken at, so the lag never changes what a run does, only when
 the host learns of it.
+
+A quiet step (`_quiet`: a `throw=True` solve traced without host callbacks, so that it
+dispatches asynchronously on CPU too) whose report is suspect is replayed here with the
+callbacks before anything is decided from it: the run then raises, or records, exactly what a
+`throw=True` step records.
 """
 
 from __future__ import annotations
@@ -20,7 +25,13 @@ import numpy as np
 from hybrid_kernels._data import failed_exp_ids
 from hybrid_kernels._distributed import to_host
 from hybrid_kernels._training._fused import FlatCarry, as_carry, raise_deferred
-from hybrid_kernels._training._step import Carry, StepInputs, trainable_leaf_names
+from hybrid_kernels._training._step import (
+    Carry,
+    StepInputs,
+    suspect,
+    take_step,
+    trainable_leaf_names,
+)
 from hybrid_kernels._training.history import NonFiniteTrainingError
 
 if TYPE_CHECKING:
@@ -30,7 +41,8 @@ if TYPE_CHECKING:
 
 class Pending(NamedTuple):
     """A dispatched step not yet read back: `report` (see `take_step`), the carries `before`
-    and `after` it (device references, not copies), and the phase `inputs` it ran with."""
+    and `after` it (device references, not copies), the phase `inputs` it ran with, and
+    whether it was traced without host callbacks (`quiet`, see `_quiet`)."""
 
     step: int
     phase: int
@@ -38,6 +50,7 @@ class Pending(NamedTuple):
     before: Carry | FlatCarry
     after: Carry | FlatCarry
     inputs: StepInputs
+    quiet: bool = False
 
 
 def read_back(tree: Any) -> Any:
@@ -70,6 +83,11 @@ def sync(setup: Setup, st: LoopState, *, keep: int = 0) -> bool:
     except (jax.errors.JaxRuntimeError, ValueError) as error:
         raise_failed(setup, st, read, error)
     st.pending = st.pending[len(read) :]
+    for i, (p, report) in enumerate(zip(read, reports, strict=True)):
+        if p.quiet and suspect(report):
+            p = _replay(setup, st, p)
+            read, reports = [*read[:i], p], [*reports[:i], read_back(p.report)]
+            break
     ui, h = setup.ui, st.history
     on_effort = getattr(ui, "on_solver_steps", None)  # optional for duck-typed UIs
     for p, ((stats, flags), effort) in zip(read, reports, strict=True):
@@ -100,6 +118,27 @@ def sync(setup: Setup, st: LoopState, *, keep: int = 0) -> bool:
     if stop:
         _roll_back(st, read[-1])
     return stop
+
+
+MAX_REPLAYS = 3
+"""Replays of suspect quiet steps that raise nothing (steps that were simply not finite)
+after which a run traces its steps with the callbacks again: a replay costs a second run of
+the step, and its first one a compile."""
+
+
+def _replay(setup: Setup, st: LoopState, p: Pending) -> Pending:
+    """Run the suspect quiet step `p` again from its carry before, with the solver's checks
+    as host callbacks, waiting for it; the steps dispatched after it are dropped. Raises what
+    a `throw=True` step raises; otherwise returns `p` with the replay's report and carry."""
+    st.pending, st.raw = [], p.before
+    st.done, st.phase_step = p.step, st.phase_step - (st.done - p.step)
+    after, report = take_step(
+        setup.engine, st.opt, p.before, setup.payloads, p.inputs, best_on_loss=setup.best_on_loss
+    )
+    st.raw, st.done, st.phase_step = after, st.done + 1, st.phase_step + 1
+    st.replays += 1
+    st.quiet = st.replays < MAX_REPLAYS
+    return p._replace(report=report, after=after, quiet=False)
 
 
 def _roll_back(st: LoopState, last: Pending) -> None:

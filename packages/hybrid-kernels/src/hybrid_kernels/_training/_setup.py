@@ -35,7 +35,7 @@ from hybrid_kernels._penalties import (
 from hybrid_kernels._reductions import bucket_weights
 from hybrid_kernels._trainable import trainable_mask
 from hybrid_kernels._training._engine import Engine, Model
-from hybrid_kernels._training._step import Carry, StepInputs, take_step
+from hybrid_kernels._training._step import Carry, StepInputs, quiet_step, take_step
 from hybrid_kernels._training.config import OptaxTrainingConfig
 from hybrid_kernels._training.hooks import HookEvents, resolve_hook
 from hybrid_kernels._training.state import (
@@ -285,7 +285,13 @@ def compile_kernels(setup: Setup, carry: Carry, opt: Any, phase: int) -> None:
 
     def update() -> Any:  # one whole step on a copy of the carry, then discarded
         return take_step(
-            engine, opt, carry, setup.payloads, inputs, best_on_loss=setup.best_on_loss
+            engine,
+            opt,
+            carry,
+            setup.payloads,
+            inputs,
+            best_on_loss=setup.best_on_loss,
+            quiet=quiet_step(engine, opt, inputs),  # the program the first step runs
         )
 
     if inputs.fused:  # the bucket's solve is compiled inside the step

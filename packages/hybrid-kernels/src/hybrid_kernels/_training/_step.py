@@ -51,8 +51,12 @@ def take_step(
     *,
     best_on_loss: bool,
     defer_errors: bool = False,
+    quiet: bool = False,
 ) -> tuple[Carry | FlatCarry, Any]:
     """Dispatch one training step; everything returned stays on the device.
+
+    `quiet`: where `quiet_step` says so, the step is traced without the solver's host
+    callbacks, and a suspect report (`suspect`) must be replayed with `quiet=False`.
 
     `defer_errors`: a fused step does not wait for its result even under `throw=True`; a
     failed solve then surfaces when the report is read, and the reader turns it into the
@@ -69,7 +73,9 @@ def take_step(
     # A line search evaluates the objective through the bucket kernels, so its steps take the
     # per-bucket path even where an ordinary optimiser's step is one fused program.
     if inputs.fused and not opt.uses_objective:
-        return take_whole_step(engine, opt, carry, payloads[0], inputs, best_on_loss, defer_errors)
+        return take_whole_step(
+            engine, opt, carry, payloads[0], inputs, best_on_loss, defer_errors, quiet
+        )
     carry = as_carry(carry)
     objective = engine.objective(payloads, inputs) if opt.uses_objective else None
     stored = engine.stored_step(opt, carry, objective)
@@ -102,3 +108,16 @@ def take_step(
         objective,
     )
     return engine.remember(opt, out, objective)
+
+
+def quiet_step(engine: Any, opt: Any, inputs: StepInputs) -> bool:
+    """Whether a step can be traced without the solver's host callbacks (`_quiet`): a fused
+    step (one program) of a `throw=True` solve. Its report must then be checked (`suspect`)."""
+    return inputs.fused and not opt.uses_objective and engine.throws
+
+
+def suspect(report: Any) -> bool:
+    """Whether a quiet step's report (read back) may hide a failed solver check: a row was
+    flagged (its states or predictions were not finite) or the step was not finite."""
+    (stats, flags), _ = report
+    return bool(flags.any()) or not bool(stats[2])
