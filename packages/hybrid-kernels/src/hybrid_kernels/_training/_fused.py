@@ -22,7 +22,7 @@ import jax
 from hybrid_kernels import _flat_jit as fj
 from hybrid_kernels._dispatch import _explain_backsolve
 from hybrid_kernels._errors import RowSolveError, equinox_message
-from hybrid_kernels._training._tail import Carry, step_tail
+from hybrid_kernels._training._tail import Carry, quiet_tail, step_tail
 
 
 class FlatCarry(NamedTuple):
@@ -43,12 +43,18 @@ def as_carry(carry: Carry | FlatCarry) -> Carry:
 _OUT_STATIC: dict[tuple, tuple] = {}
 
 
-def _whole_step(run, apply_update, best, carry, bp, fraction, tp_weight, weights):
+def _whole_step(run, apply_update, best, quiet, carry, bp, fraction, tp_weight, weights):
     """One bucket's `bucket_step` body and the tail, traced into one program; returns the new
-    carry's array leaves and the step's report."""
+    carry's array leaves and the step's report. A `quiet` step (`_quiet`) ends in the
+    unguarded `quiet_tail`: its suspect steps are replayed through `step_tail`."""
     static, dynamic = fj.flatten(carry.predictors)
     arrays, rest = run(static, dynamic, bp, fraction, tp_weight)
     loss, grads, failed, steps = arrays if rest.value is None else eqx.combine(arrays, rest.value)
+    if quiet:
+        tail = quiet_tail(
+            apply_update, carry, loss, grads, failed, bp.row_weights, steps, weights, best
+        )
+        return fj.flatten(tail[0]), tail[1]
     carry, report = step_tail(
         apply_update,
         carry,
@@ -65,10 +71,10 @@ def _whole_step(run, apply_update, best, carry, bp, fraction, tp_weight, weights
     return fj.flatten(carry), report
 
 
-def _traced(run, apply_update, best, carry, bp, fraction, tp_weight, weights):
+def _traced(run, apply_update, best, quiet, carry, bp, fraction, tp_weight, weights):
     in_static = fj.flatten(carry)[0]
     (out_static, dynamic), report = _whole_step(
-        run, apply_update, best, carry, bp, fraction, tp_weight, weights
+        run, apply_update, best, quiet, carry, bp, fraction, tp_weight, weights
     )
     _OUT_STATIC[in_static] = out_static
     return dynamic, report
@@ -119,7 +125,7 @@ def _entry(kernel, opt, carry: Carry | FlatCarry, bp, inputs, best: bool, quiet:
     ):
         return e
     args = kernel._arguments(as_carry(carry).predictors, bp, inputs.fraction, None)
-    bound = (kernel.quiet_run() if quiet else kernel._run, opt.apply_update, best)
+    bound = (kernel.quiet_run() if quiet else kernel._run, opt.apply_update, best, quiet)
     if _closable(bp):
         run, data = fj.closed_entry(_traced, bp, *bound), ()
     else:

@@ -182,6 +182,38 @@ def step_tail(
     return carry, report
 
 
+def quiet_tail(apply_update, carry, loss, grads, failed, row_weights, steps, weights, best):
+    """The end of a quiet one-bucket step (`_quiet`): combine, update, best-step rule, with no
+    guard. Its report is read as suspect whenever anything the guards of `step_tail` act on
+    happened (a row flagged, a loss, gradient or updated parameter not finite), and such a
+    step is replayed through `step_tail`, so the guards are needed only there; a step that is
+    not suspect is one they would have let through unchanged. The report is `step_tail`'s
+    without the overflow flags; its `finite` entry is that whole check.
+    """
+    loss, combined = combine_bucket_grads((loss,), (grads,), weights)
+    updated, new_state = apply_update(carry.predictors, combined, carry.opt_state)
+    ok = _nothing_broke(loss, combined, carry.predictors, updated)
+    if best:
+        carry = improve(carry, carry.predictors, loss, ok)
+    carry = dataclasses.replace(carry, predictors=updated, opt_state=new_state, step=carry.step + 1)
+    stats = jnp.stack([loss, jnp.zeros_like(loss), ok, carry.since_best], dtype=loss.dtype)
+    return carry, ((stats, failed), _solver_effort((steps,), (row_weights,)))
+
+
+def _nothing_broke(loss: jax.Array, grads: Any, before: Any, after: Any) -> jax.Array:
+    """Whether `loss` and `grads` are finite and the update (`before` to `after`) made no
+    finite entry non-finite. One reduction over every entry, so that the check stays one
+    small piece of the program: `x * 0` is 0, or NaN exactly where `x` is not finite."""
+    leaves = jax.tree_util.tree_leaves
+    parts = [loss, *(g for g in leaves(grads) if eqx.is_inexact_array(g))]
+    parts += [
+        jnp.where(jnp.isfinite(b), a, 0)
+        for b, a in zip(leaves(before), leaves(after), strict=True)
+        if eqx.is_inexact_array(a)
+    ]
+    return jnp.isfinite(jnp.sum(jnp.concatenate([jnp.ravel(x) for x in parts]) * 0))
+
+
 def make_tail(apply_update: Callable[..., tuple[Any, Any]]) -> Callable[..., Any]:
     """The jitted end of a step for one optimiser's `apply_update` (see `step_tail`)."""
 
