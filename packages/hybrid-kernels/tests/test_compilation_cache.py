@@ -1,4 +1,6 @@
-"""throw=False kernels enter JAX's persistent compilation cache; a second process loads them.
+"""Kernels without host callbacks enter JAX's persistent compilation cache; a second process
+loads them: throw=False bucket kernels, and the trainer's one-bucket step under throw=True
+(traced without callbacks, `_quiet`).
 
 Each run is a fresh subprocess sharing one cache directory. We read JAX's own log line
 ("Persistent compilation cache hit for '<module>'"), never timings.
@@ -57,9 +59,25 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def run(tmp_path: Path, cache: Path) -> dict:
+# The same process preamble, then a two-step training run on one bucket under throw=True.
+TRAIN = SCRIPT[: SCRIPT.index("(bp,) =")] + textwrap.dedent(
+    """\
+        data = hk.make_dataset(exps[:1], output_channel_names=["y"])
+        history, (fit,) = hk.train_with_optax(
+            (Rate(jnp.asarray(0.5)),), data,
+            hk.OptaxTrainingConfig(steps=(2,), lr=(0.05,), verbose=False),
+            simulate_fn=decay_simulate, state_to_output=identity_output,
+            solver=tiny_solver(throw=True, max_steps=64), key=jax.random.key(0),
+        )
+        hits = [m for m in messages if "cache hit" in m and "_traced" in m]
+        print(json.dumps({{"loss": list(history), "grad": float(fit.k), "hits": hits}}))
+    """
+)
+
+
+def run(tmp_path: Path, cache: Path, script_text: str = SCRIPT) -> dict:
     script = tmp_path / "run.py"
-    script.write_text(SCRIPT.format(tests=str(Path(__file__).parent), cache=str(cache)))
+    script.write_text(script_text.format(tests=str(Path(__file__).parent), cache=str(cache)))
     out = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, check=False, timeout=600
     )
@@ -75,4 +93,14 @@ def test_a_second_process_loads_the_throw_false_bucket_step_from_the_cache(tmp_p
     assert any(cache.iterdir()), "the first process wrote no cache entry"
     second = run(tmp_path, cache)
     assert second["hits"], "the second process compiled bucket_step instead of loading it"
+    assert second["loss"] == first["loss"] and second["grad"] == first["grad"]
+
+
+@pytest.mark.slow
+def test_a_second_process_loads_the_throwing_one_bucket_training_step_from_the_cache(tmp_path):
+    cache = tmp_path / "jax-cache"
+    first = run(tmp_path, cache, TRAIN)
+    assert first["hits"] == []
+    second = run(tmp_path, cache, TRAIN)
+    assert second["hits"], "the second process compiled the training step instead of loading it"
     assert second["loss"] == first["loss"] and second["grad"] == first["grad"]
