@@ -34,16 +34,16 @@ class _QuietSolver(SolverConfig):
 
 def quiet(solver: SolverConfig) -> SolverConfig:
     """`solver` traced without host callbacks (see the module)."""
-    if isinstance(solver, _QuietSolver):
-        return solver
-    return _QuietSolver(**{f.name: getattr(solver, f.name) for f in dataclasses.fields(solver)})
+    return solver if is_quiet(solver) else _as(_QuietSolver, solver)
 
 
 def loud(solver: SolverConfig) -> SolverConfig:
     """The user's own config behind `quiet(solver)` (`solver` itself if it is not quiet)."""
-    if not isinstance(solver, _QuietSolver):
-        return solver
-    return SolverConfig(**{f.name: getattr(solver, f.name) for f in dataclasses.fields(solver)})
+    return _as(SolverConfig, solver) if is_quiet(solver) else solver
+
+
+def _as(cls: type[SolverConfig], solver: SolverConfig) -> SolverConfig:
+    return cls(**{f.name: getattr(solver, f.name) for f in dataclasses.fields(solver)})
 
 
 def is_quiet(solver: Any) -> bool:
