@@ -198,18 +198,13 @@ def _diverged(setup: Setup, st: LoopState, phase: int, step: int) -> None:
             " No experiment's predictions were non-finite in those steps: the non-finite "
             "value came from the gradient, a penalty or the loss function."
         )
-    raise NonFiniteTrainingError(
-        f"training stopped in phase {phase} at step {step}: {st.bad_in_row} steps in a row "
-        "had a non-finite loss or gradient, or no experiment that solved "
-        f"(max_bad_steps={setup.config.max_bad_steps}).{named} "
-        "They were not applied; the last good and the best parameters are on this error "
-        "(.predictors, .best_predictors)",
-        phase=phase,
-        step=step,
-        predictors=st.carry.predictors,
-        opt_state=st.carry.opt_state,
-        best_predictors=st.carry.best_predictors,
-        history=st.history,
+    raise _stopped(
+        st,
+        phase,
+        step,
+        f"{st.bad_in_row} steps in a row had a non-finite loss or gradient, or no experiment "
+        f"that solved (max_bad_steps={setup.config.max_bad_steps}).{named} They were not "
+        "applied",
         exp_ids=ids,
     )
 
@@ -227,20 +222,30 @@ def _update_overflowed(setup: Setup, st: LoopState, phase: int, step: int, broke
     c = setup.config
     opt = c.optimizer[phase]
     opt = opt if isinstance(opt, str) else getattr(opt, "__name__", type(opt).__name__)
-    raise NonFiniteTrainingError(
-        f"training stopped in phase {phase} at step {step}: the optimiser update (optimizer "
-        f"{opt!r}, learning rate {c.lr[phase]:g}) made trainable parameter(s) "
-        f"{list(leaves) if leaves else '(unnamed)'} non-finite, from a finite loss and "
-        "gradient. This is an update problem, not a solver one: lower the learning rate or "
-        "clip the update. It was not applied; the last good and the best parameters are on "
-        "this error (.predictors, .best_predictors)",
+    raise _stopped(
+        st,
+        phase,
+        step,
+        f"the optimiser update (optimizer {opt!r}, learning rate {c.lr[phase]:g}) made "
+        f"trainable parameter(s) {list(leaves) if leaves else '(unnamed)'} non-finite, from a "
+        "finite loss and gradient. This is an update problem, not a solver one: lower the "
+        "learning rate or clip the update. It was not applied",
+        leaves=leaves,
+    )
+
+
+def _stopped(st: LoopState, phase: int, step: int, why: str, **names: Any):
+    """The error that stops a run at `step`, with the run's last good state on it."""
+    return NonFiniteTrainingError(
+        f"training stopped in phase {phase} at step {step}: {why}; the last good and the best "
+        "parameters are on this error (.predictors, .best_predictors)",
         phase=phase,
         step=step,
         predictors=st.carry.predictors,
         opt_state=st.carry.opt_state,
         best_predictors=st.carry.best_predictors,
         history=st.history,
-        leaves=leaves,
+        **names,
     )
 
 
