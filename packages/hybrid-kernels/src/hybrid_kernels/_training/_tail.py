@@ -8,6 +8,7 @@ one-bucket step (`_fused`); nothing here reads back to the host.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -215,38 +216,9 @@ def _nothing_broke(loss: jax.Array, grads: Any, before: Any, after: Any) -> jax.
 
 
 def make_tail(apply_update: Callable[..., tuple[Any, Any]]) -> Callable[..., Any]:
-    """The jitted end of a step for one optimiser's `apply_update` (see `step_tail`)."""
-
-    @eqx.filter_jit
-    def tail(
-        carry,
-        losses,
-        grads,
-        failed,
-        row_weights,
-        steps,
-        weights,
-        penalty,
-        pen_grads,
-        best,
-        objective,
-    ):
-        return step_tail(
-            apply_update,
-            carry,
-            losses,
-            grads,
-            failed,
-            row_weights,
-            steps,
-            weights,
-            penalty,
-            pen_grads,
-            best,
-            objective,
-        )
-
-    return tail
+    """The jitted end of a step for one optimiser's `apply_update`: `step_tail` with
+    `apply_update` bound, taking the rest of its arguments."""
+    return eqx.filter_jit(functools.partial(step_tail, apply_update))
 
 
 def _solver_effort(steps: tuple[jax.Array, ...], row_weights: tuple[jax.Array, ...]) -> jax.Array:
