@@ -12,6 +12,8 @@ import jax
 import pytest
 from helpers import Model, decay_model, oscillator_model
 
+from hybrid_kernels._training import _loop
+
 jax.config.update("jax_enable_x64", True)
 
 
@@ -25,3 +27,9 @@ def decay() -> Model:
 def oscillator() -> Model:
     """Harmonic oscillator with true angular frequency ω = 1.3, position observed."""
     return oscillator_model()
+
+
+@pytest.fixture
+def no_lag(monkeypatch):
+    """The next training run reads every step it dispatches before dispatching the next."""
+    monkeypatch.setattr(_loop, "may_lag", lambda setup: False)

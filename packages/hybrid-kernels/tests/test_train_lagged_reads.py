@@ -24,12 +24,6 @@ def one_bucket(oscillator):
     return osc_dataset(oscillator)
 
 
-@pytest.fixture
-def no_lag(monkeypatch):
-    """The next run reads every step it dispatches before dispatching the next."""
-    monkeypatch.setattr(_loop, "may_lag", lambda setup: False)
-
-
 def _decay(exp_id, scale=1.0):
     return hk.make_experiment(
         covariates={"scale": scale},

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import Rate, identity_output, tiny_solver
+from helpers import Rate, decay_simulate, identity_output, tiny_solver
 
 import hybrid_kernels as hk
 from hybrid_kernels._training import _fused, _loop, _reads, _setup
@@ -57,12 +57,6 @@ def _nan_above(limit):
     return simulate
 
 
-def _decay_simulate(predictors, ts, covariates, y0, solver):
-    (rate,) = predictors
-    term = diffrax.ODETerm(lambda t, y, args: -rate() * covariates["scale"] * y)
-    return solver.diffeqsolve(term, ts, y0).ys
-
-
 def _train(simulate, ui=None, **config):
     config.setdefault("verbose", False)
     return hk.train_with_optax(
@@ -82,11 +76,6 @@ def loud(monkeypatch):
     """The next run's steps hold the solver's callbacks, as before quiet steps existed."""
     for module in (_loop, _setup):  # the steps, and the warm-up step before them
         monkeypatch.setattr(module, "quiet_step", lambda *args: False)
-
-
-@pytest.fixture
-def no_lag(monkeypatch):
-    monkeypatch.setattr(_loop, "may_lag", lambda setup: False)
 
 
 @pytest.fixture
@@ -126,20 +115,20 @@ class _Steps(hk.TrainingUI):
 
 
 def test_a_one_bucket_throwing_step_holds_no_host_callbacks(programs):
-    _train(_decay_simulate, steps=(3,), lr=(0.05,))
+    _train(decay_simulate, steps=(3,), lr=(0.05,))
     assert programs and not any("callback" in text for text in programs)
 
 
 def test_with_quiet_steps_off_the_step_holds_the_solvers_callbacks(programs, loud):
-    _train(_decay_simulate, steps=(3,), lr=(0.05,))
+    _train(decay_simulate, steps=(3,), lr=(0.05,))
     assert programs and all("callback" in text for text in programs)
 
 
 def test_a_healthy_run_replays_no_step_and_matches_a_loud_run(replays, request):
-    history, (fit,) = _train(_decay_simulate, steps=(20,), lr=(0.05,))
+    history, (fit,) = _train(decay_simulate, steps=(20,), lr=(0.05,))
     assert replays == []
     request.getfixturevalue("loud")
-    loud_history, (loud_fit,) = _train(_decay_simulate, steps=(20,), lr=(0.05,))
+    loud_history, (loud_fit,) = _train(decay_simulate, steps=(20,), lr=(0.05,))
     np.testing.assert_allclose(list(history), list(loud_history), rtol=1e-12)
     np.testing.assert_allclose(float(fit.k), float(loud_fit.k), rtol=1e-12)
 
@@ -148,7 +137,7 @@ def _failing_run(ui):
     # sgd at 1e4 throws the rate to about 3000 at the second step: that solve needs more than
     # max_steps=64 steps, so a throwing run fails there, after one good step.
     with pytest.raises(eqx.EquinoxRuntimeError) as info:
-        _train(_decay_simulate, ui=ui, steps=(6,), lr=(1e4,), optimizer=("sgd",))
+        _train(decay_simulate, ui=ui, steps=(6,), lr=(1e4,), optimizer=("sgd",))
     return info.value
 
 
