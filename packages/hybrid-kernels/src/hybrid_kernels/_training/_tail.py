@@ -88,10 +88,29 @@ def set_learning_rate(opt_state: Any, lr: float) -> Any:
 
 
 def _select(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
+    """`on_true` where the scalar `pred` holds, else `on_false` (trees of one structure)."""
+    arrays, static = eqx.partition(on_true, eqx.is_array)
+    others = eqx.filter(on_false, eqx.is_array)
+    if jax.default_backend() == "cpu" and _same_types(arrays, others):
+        # On CPU one conditional for the whole tree: a `where` per leaf is a piece of the
+        # compiled program per leaf (compile time, on a small problem's first step). On GPU a
+        # conditional would read its predicate back to the host, so selects stay there.
+        chosen = jax.lax.cond(pred, lambda a, _: a, lambda _, b: b, arrays, others)
+        return eqx.combine(chosen, static)
+
     def pick(a: Any, b: Any) -> Any:
         return jnp.where(pred, a, b) if eqx.is_array(a) else a
 
     return jax.tree_util.tree_map(pick, on_true, on_false)
+
+
+def _same_types(a: Any, b: Any) -> bool:
+    """Whether two trees of arrays have one structure and the same shapes and dtypes, weak
+    types included (what both branches of a conditional must return)."""
+    left, right = jax.tree_util.tree_flatten(a), jax.tree_util.tree_flatten(b)
+    return left[1] == right[1] and all(
+        jax.typeof(x) == jax.typeof(y) for x, y in zip(left[0], right[0], strict=True)
+    )
 
 
 def _all_finite(tree: Any) -> jax.Array:
@@ -191,7 +210,10 @@ def quiet_tail(apply_update, carry, loss, grads, failed, row_weights, steps, wei
     not suspect is one they would have let through unchanged. The report is `step_tail`'s
     without the overflow flags; its `finite` entry is that whole check.
     """
-    loss, combined = combine_bucket_grads((loss,), (grads,), weights)
+    if weights is None:  # the one weight is exactly 1 (`_fused`): weighting changes nothing
+        combined = grads
+    else:
+        loss, combined = combine_bucket_grads((loss,), (grads,), weights)
     updated, new_state = apply_update(carry.predictors, combined, carry.opt_state)
     ok = _nothing_broke(loss, combined, carry.predictors, updated)
     if best:
@@ -207,11 +229,17 @@ def _nothing_broke(loss: jax.Array, grads: Any, before: Any, after: Any) -> jax.
     small piece of the program: `x * 0` is 0, or NaN exactly where `x` is not finite."""
     leaves = jax.tree_util.tree_leaves
     parts = [loss, *(g for g in leaves(grads) if eqx.is_inexact_array(g))]
-    parts += [
-        jnp.where(jnp.isfinite(b), a, 0)
+    pairs = [
+        (b, a)
         for b, a in zip(leaves(before), leaves(after), strict=True)
         if eqx.is_inexact_array(a)
     ]
+    if pairs:
+        # One `where` over all the parameters at once rather than one per leaf: each would be
+        # a separate piece of the compiled program.
+        b = jnp.concatenate([jnp.ravel(x) for x, _ in pairs])
+        a = jnp.concatenate([jnp.ravel(y) for _, y in pairs])
+        parts.append(jnp.where(jnp.isfinite(b), a, 0))
     return jnp.isfinite(jnp.sum(jnp.concatenate([jnp.ravel(x) for x in parts]) * 0))
 
 
