@@ -66,6 +66,7 @@ from hybrid_kernels._prediction import (
     rich_metrics_table,
 )
 from hybrid_kernels._reductions import bucket_weights, combine_bucket_grads
+from hybrid_kernels._result_tables import metrics_table, predictions_table
 from hybrid_kernels._serialise import load_predictors, read_predictors_metadata, save_predictors
 from hybrid_kernels._sharding import make_row_mesh
 from hybrid_kernels._solver import (
@@ -76,7 +77,7 @@ from hybrid_kernels._solver import (
     register_solver,
 )
 from hybrid_kernels._splits import make_bootstrap_dataset, split_dataset, split_dataset_by_ids
-from hybrid_kernels._tables import experiments_from_table, metrics_table, predictions_table
+from hybrid_kernels._tables import experiments_from_table
 from hybrid_kernels._trainable import (
     count_trainable_params,
     default_trainable,

@@ -1,11 +1,10 @@
-"""Long-format tables in and out: the way a lab keeps its data.
+"""Long-format tables in: the way a lab keeps its data.
 
 A long table has one row per measurement: experiment, time, variable, value and an optional
 standard deviation. [`hybrid_kernels.experiments_from_table`][] turns it (and per-experiment
-covariate and input tables) into experiments; [`hybrid_kernels.predictions_table`][] turns
-predictions back into the same long format, with the same column names, and
-[`hybrid_kernels.metrics_table`][] summarises that table per variable. pandas is an optional
-dependency (`pip install hybrid-kernels[table]`), imported only here.
+covariate and input tables) into experiments; `_result_tables` writes predictions back in the
+same format. pandas is an optional dependency (`pip install hybrid-kernels[table]`), imported
+only through `_pandas`.
 """
 
 from __future__ import annotations
@@ -16,8 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from hybrid_kernels._data import Dataset
-from hybrid_kernels._distributed import to_host
 from hybrid_kernels._experiments import ChannelObs, Experiment, make_experiment
 from hybrid_kernels._ids import id_column, id_text
 from hybrid_kernels._inputs import INPUT_KINDS, piecewise_constant, piecewise_linear
@@ -314,113 +311,3 @@ def _input_tables(inputs, kinds, exp_col, time_col, variable_col, value_col):
                 f"{time_col!r}, {value_col!r}): {e}"
             ) from e
     return out
-
-
-def predictions_table(
-    dataset: Dataset,
-    predictions: Sequence[Any],
-    *,
-    exp_col: str = "experiment",
-    time_col: str = "time",
-    variable_col: str = "variable",
-    value_col: str = "value",
-) -> Any:
-    """Predictions back in the lab's long format, one row per measured cell.
-
-    **Arguments:**
-
-    - `dataset`: the dataset the predictions were made on.
-    - `predictions`: one `[N, T, D]` array per bucket, e.g. from
-        [`hybrid_kernels.predict_dataset`][].
-    - `exp_col`, `time_col`, `variable_col`, `value_col`: column names, the same as given to
-        [`hybrid_kernels.experiments_from_table`][].
-
-    **Returns:** a DataFrame with columns `exp_col`, `time_col`, `variable_col`, `value_col`
-    (the measurement), `"prediction"` and `"residual"` (prediction − measurement). Replicates
-    stay separate rows; padding never appears. With several processes, call it on every
-    process: each gets the table of every experiment.
-    """
-    pd = _pandas()
-    if len(predictions) != len(dataset.bucket_payloads):
-        raise ValueError(
-            f"predictions_table: `predictions` holds {len(predictions)} arrays but the dataset "
-            f"has {len(dataset.bucket_payloads)} buckets; pass predict_dataset's output."
-        )
-    names = np.asarray(dataset.output_channel_names, dtype=object)
-    parts = []
-    for b, (pred, bp, ids) in enumerate(
-        zip(predictions, dataset.bucket_payloads, dataset.exp_ids, strict=True)
-    ):
-        pred = np.asarray(to_host(pred), dtype=np.float64)
-        if pred.shape != tuple(bp.y_observed.shape):
-            raise ValueError(
-                f"predictions_table: `predictions[{b}]` has shape {pred.shape}; expected "
-                f"{tuple(bp.y_observed.shape)}, the shape of bucket {b}'s y_observed."
-            )
-        n, t, d = np.nonzero(to_host(bp.mask))
-        real = np.asarray(ids, dtype=object)[n] != ""
-        n, t, d = n[real], t[real], d[real]
-        obs = np.asarray(to_host(bp.y_observed), dtype=np.float64)[n, t, d]
-        p = pred[n, t, d]
-        parts.append(
-            pd.DataFrame(
-                {
-                    exp_col: np.asarray(ids, dtype=object)[n],
-                    time_col: np.asarray(to_host(bp.ts), dtype=np.float64)[n, t],
-                    variable_col: names[d],
-                    value_col: obs,
-                    "prediction": p,
-                    "residual": p - obs,
-                }
-            )
-        )
-    if not parts:
-        return pd.DataFrame(
-            columns=[exp_col, time_col, variable_col, value_col, "prediction", "residual"]
-        )
-    return pd.concat(parts, ignore_index=True).sort_values(
-        [exp_col, variable_col, time_col], kind="stable", ignore_index=True
-    )
-
-
-def metrics_table(
-    table: Any, *, by: Sequence[str] = ("variable",), value_col: str = "value"
-) -> Any:
-    """Error metrics of a [`hybrid_kernels.predictions_table`][], per group.
-
-    **Arguments:**
-
-    - `table`: the predictions table.
-    - `by`: the columns to group by: `("variable",)` (default; channels carry different units
-        and are never pooled) or e.g. `("experiment", "variable")`.
-    - `value_col`: the measurement column.
-
-    **Returns:** a DataFrame with the `by` columns and `n`, `mse`, `rmse`, `mae` and `r2`
-    (`1 - SS_res / SS_tot`, NaN for a constant group).
-    """
-    pd = _pandas()
-    missing = [c for c in (*by, value_col, "residual") if c not in table.columns]
-    if missing:
-        raise ValueError(f"metrics_table: `table` has no column(s) {missing}.")
-
-    def stats(g: Any) -> Any:
-        r = g["residual"].to_numpy()
-        y = g[value_col].to_numpy()
-        ss_tot = float(((y - y.mean()) ** 2).sum())
-        mse = float((r**2).mean())
-        return pd.Series(
-            {
-                "n": len(r),
-                "mse": mse,
-                "rmse": float(np.sqrt(mse)),
-                "mae": float(np.abs(r).mean()),
-                "r2": 1 - mse * len(r) / ss_tot if ss_tot > 0 else float("nan"),
-            }
-        )
-
-    rows = [
-        {**dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True)), **stats(g)}
-        for key, g in table.groupby(list(by), sort=True)
-    ]
-    out = pd.DataFrame(rows, columns=[*by, "n", "mse", "rmse", "mae", "r2"])
-    return out.astype({"n": int})
