@@ -1,5 +1,5 @@
-"""The compiled end of a step (`_tail`) and the one-bucket step's weighting (`_fused`): the
-pieces that keep the step program small give the same values as the per-leaf forms."""
+"""The compiled end of a step (`_tail`): the pieces that keep the step program small give the
+same values as the per-leaf forms."""
 
 import equinox as eqx
 import jax
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_kernels._training import _fused, _tail
+from hybrid_kernels._training import _tail
 
 
 def _tree(scale):
@@ -15,20 +15,20 @@ def _tree(scale):
 
 
 @pytest.mark.parametrize("pred", [True, False])
-def test_select_takes_the_whole_tree_the_predicate_names(pred):
+def test_a_snapshot_takes_the_whole_tree_the_predicate_names(pred):
     on_true, on_false = _tree(1.0), _tree(2.0)
-    chosen = eqx.filter_jit(_tail._select)(jnp.asarray(pred), on_true, on_false)
+    chosen = eqx.filter_jit(_tail._snapshot)(jnp.asarray(pred), on_true, on_false)
     expected = on_true if pred else on_false
     np.testing.assert_array_equal(chosen["w"], expected["w"])
     np.testing.assert_array_equal(chosen["b"], expected["b"])
     assert (chosen["name"], chosen["n"]) == ("layer", 3)
 
 
-def test_select_takes_leaves_of_different_weak_types_leaf_by_leaf():
+def test_a_snapshot_takes_leaves_of_different_weak_types_leaf_by_leaf():
     # A conditional needs both branches to return the same types; `where` promotes instead.
     weak, strong = {"x": jnp.asarray(1.0)}, {"x": jnp.ones((), jnp.float32)}
     assert not _tail._same_types(weak, strong)
-    chosen = jax.jit(_tail._select)(jnp.asarray(False), weak, strong)
+    chosen = jax.jit(_tail._snapshot)(jnp.asarray(False), weak, strong)
     assert float(chosen["x"]) == 1.0
 
 
@@ -60,33 +60,3 @@ def test_nothing_broke_fails_for_a_non_finite_loss_or_gradient():
     before = {"a": jnp.ones(3)}
     assert not _broke(before, before, loss=jnp.nan)
     assert not _broke(before, before, grads={"a": jnp.asarray([0.0, jnp.nan, 0.0])})
-
-
-def test_a_weight_of_exactly_one_is_recognised_and_nothing_else_is():
-    assert _fused._unit_weight(jnp.ones((1,)))
-    assert not _fused._unit_weight(jnp.asarray([0.5]))
-    assert not _fused._unit_weight(jnp.asarray([np.nextafter(1.0, 2.0, dtype=np.float32)]))
-
-
-def test_the_unit_weight_is_read_once_per_weights_array(monkeypatch):
-    weights = jnp.ones((1,))
-    assert _fused._unit_weight(weights)
-    reads = []
-    monkeypatch.setattr(_fused.np, "asarray", lambda *a, **k: reads.append(a) or np.ones(1))
-    assert _fused._unit_weight(weights)
-    assert reads == []
-
-
-def test_a_quiet_tail_without_weights_gives_what_a_weight_of_one_gives():
-    optimizer = eqx.filter_jit(lambda p, g, s: (jax.tree.map(lambda x, y: x - 0.1 * y, p, g), s))
-    params = {"a": jnp.asarray([1.0, 2.0])}
-    carry = _tail.new_carry(params, ())
-    grads = {"a": jnp.asarray([0.3, -0.7])}
-    loss, failed = jnp.asarray(0.25), jnp.zeros((1,), bool)
-    steps, row_weights = jnp.asarray([[5, 1]], jnp.int32), jnp.ones((1,))
-    args = (optimizer, carry, loss, grads, failed, row_weights, steps)
-    plain, plain_report = _tail.quiet_tail(*args, None, True)
-    weighted, weighted_report = _tail.quiet_tail(*args, jnp.ones((1,)), True)
-    np.testing.assert_array_equal(plain.predictors["a"], weighted.predictors["a"])
-    np.testing.assert_array_equal(plain_report[0][0], weighted_report[0][0])
-    assert int(plain.best_step) == int(weighted.best_step) == 0

@@ -18,8 +18,6 @@ from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 from hybrid_kernels import _flat_jit as fj
 from hybrid_kernels._dispatch import _explain_backsolve
@@ -65,7 +63,7 @@ def _whole_step(run, apply_update, best, quiet, carry, bp, fraction, tp_weight, 
         (failed,),
         (bp.row_weights,),
         (steps,),
-        jnp.ones((1,), loss.dtype) if weights is None else weights,
+        weights,
         None,
         None,
         best,
@@ -141,23 +139,6 @@ def _entry(kernel, opt, carry: Carry | FlatCarry, bp, inputs, best: bool, quiet:
     return e
 
 
-_UNIT: dict[int, tuple[Any, bool]] = {}
-
-
-def _unit_weight(weights: jax.Array) -> bool:
-    """Whether a one-bucket step's weights are exactly `[1]`, as `bucket_weights` makes them
-    for one bucket: the step then passes `None` and its program does not weigh the loss and
-    the gradient (a multiplication by 1, which changes nothing, bitwise, but adds a piece to
-    the compiled program per parameter leaf). Read from the device once per weights array."""
-    held = _UNIT.get(id(weights))
-    if held is None or held[0] is not weights:
-        if len(_UNIT) >= 64:
-            _UNIT.clear()
-        held = (weights, bool(np.all(np.asarray(weights) == 1)))
-        _UNIT[id(weights)] = held
-    return held[1]
-
-
 def take_whole_step(engine, opt, carry, bp, inputs, best_on_loss, defer_errors, quiet=False):
     """`take_step` for one bucket without a penalty: `bucket_step` and the tail in one call,
     with the bucket kernel's own checks before it and its error naming after a failed solve
@@ -178,7 +159,7 @@ def take_whole_step(engine, opt, carry, bp, inputs, best_on_loss, defer_errors, 
             dynamic,
             *e.data,
             *e.tail,
-            None if _unit_weight(inputs.weights) else inputs.weights,
+            inputs.weights,
             wait=throw and not defer_errors,
         )
     except eqx.EquinoxRuntimeError as error:

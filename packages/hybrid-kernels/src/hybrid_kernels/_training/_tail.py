@@ -69,7 +69,7 @@ def improve(carry: Carry, candidate: Any, score: jax.Array, ok: Any) -> Carry:
     improved = ok & (score < carry.best_loss)
     return dataclasses.replace(
         carry,
-        best_predictors=_select(improved, candidate, carry.best_predictors),
+        best_predictors=_snapshot(improved, candidate, carry.best_predictors),
         best_loss=jnp.where(improved, score.astype(carry.best_loss.dtype), carry.best_loss),
         best_step=jnp.where(improved, carry.step, carry.best_step),
         since_best=jnp.where(improved, 0, carry.since_best + 1),
@@ -88,20 +88,30 @@ def set_learning_rate(opt_state: Any, lr: float) -> Any:
 
 
 def _select(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
-    """`on_true` where the scalar `pred` holds, else `on_false` (trees of one structure)."""
-    arrays, static = eqx.partition(on_true, eqx.is_array)
-    others = eqx.filter(on_false, eqx.is_array)
-    if jax.default_backend() == "cpu" and _same_types(arrays, others):
-        # On CPU one conditional for the whole tree: a `where` per leaf is a piece of the
-        # compiled program per leaf (compile time, on a small problem's first step). On GPU a
-        # conditional would read its predicate back to the host, so selects stay there.
-        chosen = jax.lax.cond(pred, lambda a, _: a, lambda _, b: b, arrays, others)
-        return eqx.combine(chosen, static)
+    """`on_true` where the scalar `pred` holds, else `on_false` (trees of one structure), leaf by
+    leaf."""
 
     def pick(a: Any, b: Any) -> Any:
         return jnp.where(pred, a, b) if eqx.is_array(a) else a
 
     return jax.tree_util.tree_map(pick, on_true, on_false)
+
+
+def _snapshot(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
+    """`_select` for a tree that is only kept, never computed on (the best snapshot).
+
+    On CPU it is one conditional for the whole tree: a `where` per leaf is a piece of the
+    compiled program per leaf (compile time, on a small problem's first step). Only here: a
+    conditional around the updated parameters would change how XLA fuses the update itself,
+    and with it the rounding of the next steps. On GPU a conditional would read its predicate
+    back to the host, so the selects stay there.
+    """
+    arrays, static = eqx.partition(on_true, eqx.is_array)
+    others = eqx.filter(on_false, eqx.is_array)
+    if jax.default_backend() != "cpu" or not _same_types(arrays, others):
+        return _select(pred, on_true, on_false)
+    chosen = jax.lax.cond(pred, lambda a, _: a, lambda _, b: b, arrays, others)
+    return eqx.combine(chosen, static)
 
 
 def _same_types(a: Any, b: Any) -> bool:
@@ -210,10 +220,7 @@ def quiet_tail(apply_update, carry, loss, grads, failed, row_weights, steps, wei
     not suspect is one they would have let through unchanged. The report is `step_tail`'s
     without the overflow flags; its `finite` entry is that whole check.
     """
-    if weights is None:  # the one weight is exactly 1 (`_fused`): weighting changes nothing
-        combined = grads
-    else:
-        loss, combined = combine_bucket_grads((loss,), (grads,), weights)
+    loss, combined = combine_bucket_grads((loss,), (grads,), weights)
     updated, new_state = apply_update(carry.predictors, combined, carry.opt_state)
     ok = _nothing_broke(loss, combined, carry.predictors, updated)
     if best:
