@@ -24,6 +24,16 @@ def test_a_snapshot_takes_the_whole_tree_the_predicate_names(pred):
     assert (chosen["name"], chosen["n"]) == ("layer", 3)
 
 
+def test_a_snapshot_is_one_conditional_on_cpu_and_a_select_per_leaf_elsewhere():
+    trees = ({"w": jnp.ones(3), "b": jnp.zeros(()), "c": jnp.ones((2, 2))},) * 2
+    jaxpr = jax.make_jaxpr(_tail._snapshot)(jnp.asarray(True), *trees).jaxpr
+    names = [eqn.primitive.name for eqn in jaxpr.eqns]
+    if jax.default_backend() == "cpu":
+        assert names.count("cond") == 1 and "select_n" not in names
+    else:  # a conditional would read its predicate back to the host
+        assert "cond" not in names and names.count("select_n") == 3
+
+
 def test_a_snapshot_takes_leaves_of_different_weak_types_leaf_by_leaf():
     # A conditional needs both branches to return the same types; `where` promotes instead.
     weak, strong = {"x": jnp.asarray(1.0)}, {"x": jnp.ones((), jnp.float32)}
