@@ -35,6 +35,7 @@ from hybrid_kernels._penalties import (
 from hybrid_kernels._reductions import bucket_weights
 from hybrid_kernels._trainable import trainable_mask
 from hybrid_kernels._training._engine import Engine, Model
+from hybrid_kernels._training._events import check_ui
 from hybrid_kernels._training._step import Carry, StepInputs, quiet_step, take_step
 from hybrid_kernels._training.config import OptaxTrainingConfig
 from hybrid_kernels._training.hooks import HookEvents, resolve_hook
@@ -43,7 +44,7 @@ from hybrid_kernels._training.state import (
     load_training_state,
     read_training_meta,
 )
-from hybrid_kernels._training.ui import TrainingUI, check_ui, default_ui
+from hybrid_kernels._training.ui import TrainingUI, default_ui
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,14 +13,9 @@ import sys
 import jax
 
 from hybrid_kernels._training._displays import LogUI, RichUI
-from hybrid_kernels._training._events import (
-    RecordingUI,
-    SilentUI,
-    TrainingUI,
-    check_ui,
-)
+from hybrid_kernels._training._events import RecordingUI, SilentUI, TrainingUI
 
-__all__ = ["LogUI", "RecordingUI", "RichUI", "SilentUI", "TrainingUI", "check_ui", "default_ui"]
+__all__ = ["LogUI", "RecordingUI", "RichUI", "SilentUI", "TrainingUI", "default_ui"]
 
 
 def default_ui(verbose: bool) -> TrainingUI:
