@@ -106,9 +106,11 @@ def _snapshot(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
     and with it the rounding of the next steps. On GPU a conditional would read its predicate
     back to the host, so the selects stay there.
     """
+    if jax.default_backend() != "cpu":
+        return _select(pred, on_true, on_false)
     arrays, static = eqx.partition(on_true, eqx.is_array)
     others = eqx.filter(on_false, eqx.is_array)
-    if jax.default_backend() != "cpu" or not _same_types(arrays, others):
+    if not _same_types(arrays, others):
         return _select(pred, on_true, on_false)
     chosen = jax.lax.cond(pred, lambda a, _: a, lambda _, b: b, arrays, others)
     return eqx.combine(chosen, static)
