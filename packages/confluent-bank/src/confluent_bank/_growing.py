@@ -22,16 +22,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from confluent_bank._bank import ConfluentPackBank
-from confluent_bank._bounds import derivative_bound, within_error_budget
 from confluent_bank._candidates import CandidateScorer
 from confluent_bank._commit import detect_transitions
 from confluent_bank._hook import TransitionEvent, TransitionHook, _is_bank
 from confluent_bank._host import HostView, transaction
 from confluent_bank._newborn import Unseeded, newborn_weight
-from confluent_bank._records import RefinedPack, SlotMode, SlotUpdate, TransitionProposal
+from confluent_bank._pruning import _quiet_counts, _removal, _removal_acceptance
+from confluent_bank._records import RefinedPack, SlotMode
 
-REMOVE_NEAR_ZERO = "remove_near_zero"
-"""The kind of the growing policy's removals: weight and `active` of one ordinary slot → 0."""
 NEWBORN_WEIGHT = "newborn_weight"
 """The kind of the event that records a newborn's first weight, set by a line search."""
 STOP_GROWING = "stop_growing"
@@ -55,30 +53,6 @@ def _non_negative(value: Any, argument: str) -> float:
     if not math.isfinite(number) or number < 0:
         raise ValueError(f"{_name(argument)} must be a finite number >= 0, got {value!r}")
     return number
-
-
-def _slot_bound(host: Mapping[str, np.ndarray], base: str, slot: int) -> float:
-    """`|w|·|s|ⁿ·sup|σ⁽ⁿ⁾|` (a rigorous bound): the most an ordinary slot adds anywhere."""
-    order = int(host["orders"][slot])
-    weight, scale = float(host["weights"][slot]), float(host["scales"][slot])
-    return abs(weight) * abs(scale) ** order * derivative_bound(base, order)
-
-
-def _removal_acceptance(domain: tuple[float, float]) -> Callable[[Any, TransitionProposal], bool]:
-    """`within_error_budget(domain)`, plus the rigorous bound of a near-zero removal."""
-    budget = within_error_budget(domain)
-
-    def acceptance(bank: Any, proposal: TransitionProposal) -> bool:
-        if proposal.kind != REMOVE_NEAR_ZERO:
-            return budget(bank, proposal)
-        view = HostView.read(bank)
-        (slot,) = view.positions(proposal.slot_ids)
-        ordinary = int(view.host["modes"][slot]) == SlotMode.ORDINARY
-        if not bool(view.host["active"][slot]) or not ordinary:
-            return False
-        return _slot_bound(view.host, bank.base, slot) <= proposal.error_budget
-
-    return acceptance
 
 
 class GrowingHook(TransitionHook):
@@ -227,33 +201,11 @@ class GrowingHook(TransitionHook):
         grid = jnp.linspace(*self.domain, self.n_points, dtype=bank.centers.dtype)
         reference = self.prune_tol * float(jnp.max(jnp.abs(bank.forward(grid))))
         view = HostView.read(bank)
-        quiet = self._quiet.setdefault(path, {})
-        live: dict[int, int] = {}
-        due = []
-        for slot in range(view.max_packs):
-            ordinary = int(view.host["modes"][slot]) == SlotMode.ORDINARY
-            if not (bool(view.host["active"][slot]) and ordinary):
-                continue
-            ident = view.slot_id(slot)
-            small = _slot_bound(view.host, bank.base, slot) <= reference
-            live[ident] = quiet.get(ident, 0) + 1 if small else 0
-            if live[ident] >= self.prune_checks:
-                due.append(ident)
+        live = _quiet_counts(view, bank.base, reference, self._quiet.get(path, {}))
         self._quiet[path] = live
-        for ident in due:
-            bank = leaves[i][1]
-            with transaction(bank) as view:
-                slot = view.positions((ident,))[0]
-                proposal = TransitionProposal(
-                    view.digest,
-                    view.version,
-                    (ident,),
-                    (SlotUpdate("weights", slot, 0.0), SlotUpdate("active", slot, 0)),
-                    REMOVE_NEAR_ZERO,
-                    "near-zero output; the change is bounded by |w|·|s|^n·sup|σ^(n)|",
-                    reference,
-                )
-                score = _slot_bound(view.host, bank.base, slot)
+        for ident in [k for k, count in live.items() if count >= self.prune_checks]:
+            with transaction(leaves[i][1]) as view:
+                proposal, score = _removal(view, bank.base, ident, reference)
                 state, accepted = self._commit_one(
                     step, leaves, treedef, i, proposal, state, n, score=score, before=value
                 )
