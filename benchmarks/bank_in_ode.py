@@ -32,16 +32,13 @@ of each, few steps), `--variants` to pick some.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-_T_START = time.perf_counter()
+import _fresh
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 VARIANTS = ("mlp", "bank", "bank+pair", "bank+moments")
@@ -117,16 +114,9 @@ def _worker(variant: str, data: str, steps: int) -> dict:
         ui=_Stamped(hk.TrainingUI(), stamps, effort),
         hooks=hooks,
     )
-    warm = max(len(stamps) // 5, 2)
-    wall, cpu = np.asarray(stamps[warm:]).T
-    return {
-        "first": stamps[0][0] - t_imported,
-        "first_cpu": stamps[0][1] - cpu_imported,
-        "steady": float(np.median(np.diff(wall))),
-        # CPU seconds of the whole process per step: robust to other processes' load
-        "cpu": float((cpu[-1] - cpu[0]) / (len(cpu) - 1)),
-        "solver_steps": float(np.mean(effort[warm:])) if effort else float("nan"),
-    }
+    warm = _fresh.warm_up(stamps)
+    solver_steps = float(np.mean(effort[warm:])) if effort else float("nan")
+    return {**_fresh.timings(stamps, (t_imported, cpu_imported)), "solver_steps": solver_steps}
 
 
 def _committed(variant, bank, domain, cb, cbo, optax):
@@ -157,23 +147,17 @@ def _committed(variant, bank, domain, cb, cbo, optax):
     return bank
 
 
-class _Stamped:
-    """A silent display that notes the end of every step and the solver effort."""
+class _Stamped(_fresh.Stamped):
+    """A display that notes the end of every step and the solver effort."""
 
     def __init__(self, inner, stamps: list, effort: list) -> None:
-        self._inner, self._stamps, self._effort = inner, stamps, effort
-
-    def on_step_end(self, **kwargs) -> None:
-        self._stamps.append((time.perf_counter(), time.process_time()))
-        self._inner.on_step_end(**kwargs)
+        super().__init__(inner, stamps)
+        self._effort = effort
 
     def on_solver_steps(self, *, step: int, per_bucket) -> None:
         # mean accepted steps per trajectory, averaged over buckets
         self._effort.append(sum(b[0] for b in per_bucket) / len(per_bucket))
         self._inner.on_solver_steps(step=step, per_bucket=per_bucket)
-
-    def __getattr__(self, name: str):
-        return getattr(self._inner, name)
 
 
 # -- the driver ------------------------------------------------------------------------------
@@ -196,19 +180,6 @@ def _write_data(path: str) -> None:
     np.savez(path, count=len(experiments), **arrays)
 
 
-def _run(variant: str, data: str, steps: int) -> dict:
-    out = subprocess.run(
-        [sys.executable, __file__, "--worker", variant, "--data", data, "--steps", str(steps)],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")},
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"{variant} worker failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one run of each, few steps")
@@ -219,13 +190,12 @@ def main() -> None:
     parser.add_argument("--data", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(_worker(args.worker, args.data, args.steps)), flush=True)
+        _fresh.print_worker(_worker(args.worker, args.data, args.steps))
         return
     runs = args.runs or (1 if args.quick else 3)
     steps = args.steps or (10 if args.quick else 60)
     variants = ["mlp"] + [v for v in args.variants if v != "mlp"]
-    load = os.getloadavg()
-    print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
+    _fresh.load_average("start")
     print(f"{runs} fresh processes per variant, {steps} steps each", flush=True)
     rows: dict[str, list[dict]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as tmp:
@@ -233,36 +203,22 @@ def main() -> None:
         _write_data(data)
         for r in range(runs):
             for variant in variants if r % 2 == 0 else variants[::-1]:  # alternate the order
-                res = _run(variant, data, steps)
+                res = _fresh.run_worker(__file__, variant, "--data", data, "--steps", str(steps))
                 rows[variant].append(res)
-                print(
-                    f"  run {r + 1}/{runs} {variant:13s} first step {res['first']:6.2f} s "
-                    f"(cpu {res['first_cpu']:6.2f} s)  steady {res['steady'] * 1e3:7.2f} ms "
-                    f"(cpu {res['cpu'] * 1e3:7.2f} ms)  solver steps {res['solver_steps']:.1f}",
-                    flush=True,
-                )
-    medians = {
-        v: {k: statistics.median(x[k] for x in res) for k in res[0]} for v, res in rows.items()
-    }
-    base = medians["mlp"]
-    print(
-        f"\n| median of {runs} | first step (s) | ratio | cpu (s) | ratio | steady step (ms) "
-        "| ratio | cpu (ms) | ratio | solver steps |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for variant, m in medians.items():
-        cells = []
-        for key, scale in (("first", 1), ("first_cpu", 1), ("steady", 1e3), ("cpu", 1e3)):
-            cells.append(f"{m[key] * scale:.3f} | {m[key] / base[key]:.2f}x")
-        print(f"| {variant} | " + " | ".join(cells) + f" | {m['solver_steps']:.1f} |")
-    load = os.getloadavg()
-    print(f"\nload average at end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+                line = _fresh.run_line(r + 1, runs, variant, 13, res)
+                print(f"{line}  solver steps {res['solver_steps']:.1f}", flush=True)
+    medians = _fresh.medians(rows)
+    _fresh.ratio_table(f"median of {runs}", medians, "mlp", extra="solver_steps")
+    print()
+    _fresh.load_average("end")
     for variant, m in medians.items():
         if variant == "mlp":
             continue
-        first, steady = m["first"] / base["first"], m["steady"] / base["steady"]
-        cpu_first, cpu = m["first_cpu"] / base["first_cpu"], m["cpu"] / base["cpu"]
-        verdict = "meets" if first <= 1.2 and steady <= 1.0 else "misses"
+        first, steady, verdict = _fresh.verdict(m, medians["mlp"], first=1.2, steady=1.0)
+        cpu_first, cpu = (
+            m["first_cpu"] / medians["mlp"]["first_cpu"],
+            m["cpu"] / medians["mlp"]["cpu"],
+        )
         print(
             f"summary ({variant}): {first:.2f}x the MLP's wall time to the first step (target "
             f"<= 1.2; CPU time {cpu_first:.2f}x), {steady:.2f}x per steady step (target <= 1.0;"

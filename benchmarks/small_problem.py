@@ -30,15 +30,12 @@ Run: `python benchmarks/small_problem.py` (a few minutes: each run compiles in a
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
-import statistics
-import subprocess
-import sys
 import time
 
 _T_START = time.perf_counter()
+
+import _fresh  # noqa: E402  (after the clock starts: the import time is reported)
 
 SETUPS = {
     # name: (points, t1, hidden widths, activation)
@@ -163,7 +160,7 @@ def _worker(loop: str, setup: str, steps: int) -> dict:
         config = hk.OptaxTrainingConfig(
             steps=(steps,), lr=(LR,), optimizer=("adam",), verbose=verbose
         )
-        ui = _Stamped(hk.TrainingUI() if not verbose else hk.default_ui(True), stamps)
+        ui = _fresh.Stamped(hk.TrainingUI() if not verbose else hk.default_ui(True), stamps)
         hk.train_with_optax(
             (net,),
             dataset,
@@ -174,46 +171,10 @@ def _worker(loop: str, setup: str, steps: int) -> dict:
             key=jax.random.key(0),
             ui=ui,
         )
-    warm = max(len(stamps) // 5, 2)
-    wall, cpu = np.asarray(stamps[warm:]).T
-    return {
-        "import": t_imported - _T_START,
-        "first": stamps[0][0] - t_imported,
-        "first_cpu": stamps[0][1] - cpu_imported,
-        "steady": float(np.median(np.diff(wall))),
-        # CPU seconds of the whole process per step: robust to other processes' load
-        "cpu": float((cpu[-1] - cpu[0]) / (len(cpu) - 1)),
-    }
-
-
-class _Stamped:
-    """The default display, with the time of every step's end noted (a thin delegate)."""
-
-    def __init__(self, inner, stamps: list[float]) -> None:
-        self._inner, self._stamps = inner, stamps
-
-    def on_step_end(self, **kwargs) -> None:
-        self._stamps.append((time.perf_counter(), time.process_time()))
-        self._inner.on_step_end(**kwargs)
-
-    def __getattr__(self, name: str):
-        return getattr(self._inner, name)
+    return {"import": t_imported - _T_START, **_fresh.timings(stamps, (t_imported, cpu_imported))}
 
 
 # -- the driver --------------------------------------------------------------------------
-
-
-def _run(loop: str, setup: str, steps: int) -> dict:
-    out = subprocess.run(
-        [sys.executable, __file__, "--worker", loop, "--setup", setup, "--steps", str(steps)],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")},
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"{loop} worker failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 LOOPS = ("hand-written", "train_with_optax", "train_with_optax (verbose=False)")
@@ -229,13 +190,12 @@ def main() -> None:
     parser.add_argument("--setup", default="lv21", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(_worker(args.worker, args.setup, args.steps)), flush=True)
+        _fresh.print_worker(_worker(args.worker, args.setup, args.steps))
         return
     runs = args.runs or (2 if args.quick else 5)
     steps = args.steps or (40 if args.quick else 400)
     setups = ["lv21"] + (["paper"] if args.paper else [])
-    load = os.getloadavg()
-    print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
+    _fresh.load_average("start")
     summary = []
     for setup in setups:
         print(f"\n{setup}: {runs} fresh processes per loop, {steps} steps each", flush=True)
@@ -244,46 +204,18 @@ def main() -> None:
             order = list(LOOPS)
             random.Random(r).shuffle(order)
             for loop in order:
-                res = _run(loop, setup, steps)
+                res = _fresh.run_worker(__file__, loop, "--setup", setup, "--steps", str(steps))
                 rows[loop].append(res)
-                print(
-                    f"  run {r + 1}/{runs} {loop:34s} first step {res['first']:6.2f} s "
-                    f"(cpu {res['first_cpu']:6.2f} s)  steady {res['steady'] * 1e3:7.3f} ms "
-                    f"(cpu {res['cpu'] * 1e3:7.3f} ms)",
-                    flush=True,
-                )
-        medians = {
-            loop: {k: statistics.median(x[k] for x in res) for k in res[0]}
-            for loop, res in rows.items()
-        }
-        base = medians["hand-written"]
-        print(
-            f"\n| {setup}: median of {runs} | first step (s) | ratio | cpu (s) | ratio "
-            "| steady step (ms) | ratio | cpu (ms) | ratio |"
-        )
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-        for loop, m in medians.items():
-            cells = []
-            for key, scale in (("first", 1), ("first_cpu", 1), ("steady", 1e3), ("cpu", 1e3)):
-                cells.append(f"{m[key] * scale:.3f} | {m[key] / base[key]:.2f}x")
-            print(f"| {loop} | " + " | ".join(cells) + " |")
-            if loop == "train_with_optax":
-                summary.append((setup, m, base))
-        hand = rows["hand-written"]
-        print(f"\n| {setup}: median of the {runs} runs' own ratios | first step | steady step |")
-        print("| --- | --- | --- |")
-        for loop, res in rows.items():
-            own = [
-                statistics.median(x[k] / h[k] for x, h in zip(res, hand, strict=True))
-                for k in ("first", "steady")
-            ]
-            print(f"| {loop} | {own[0]:.2f}x | {own[1]:.2f}x |")
-    load = os.getloadavg()
-    print(f"\nload average at end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+                print(_fresh.run_line(r + 1, runs, loop, 34, res), flush=True)
+        medians = _fresh.medians(rows)
+        _fresh.ratio_table(f"{setup}: median of {runs}", medians, "hand-written")
+        _fresh.own_ratios(f"{setup}: median of the {runs} runs' own ratios", rows, "hand-written")
+        summary.append((setup, medians["train_with_optax"], medians["hand-written"]))
+    print()
+    _fresh.load_average("end")
     for setup, m, base in summary:
-        first, steady = m["first"] / base["first"], m["steady"] / base["steady"]
+        first, steady, verdict = _fresh.verdict(m, base, first=1.1, steady=1.0)
         cpu_first, cpu = m["first_cpu"] / base["first_cpu"], m["cpu"] / base["cpu"]
-        verdict = "meets" if first <= 1.1 and steady <= 1.0 else "misses"
         print(
             f"summary ({setup}): train_with_optax (default display) takes {first:.2f}x the "
             f"hand-written loop's wall time to its first step (target <= 1.1; CPU time "
