@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -54,11 +55,14 @@ def timings(stamps: Sequence[tuple[float, float]], start: tuple[float, float]) -
     warm = warm_up(stamps)
     wall = [s[0] for s in stamps[warm:]]
     cpu = [s[1] for s in stamps[warm:]]
+    few = len(wall) < 2  # too few steps for a steady time (a smoke run): NaN, not an error
     return {
         "first": stamps[0][0] - start[0],
         "first_cpu": stamps[0][1] - start[1],
-        "steady": statistics.median(b - a for a, b in itertools.pairwise(wall)),
-        "cpu": (cpu[-1] - cpu[0]) / (len(cpu) - 1),
+        "steady": math.nan
+        if few
+        else statistics.median(b - a for a, b in itertools.pairwise(wall)),
+        "cpu": math.nan if few else (cpu[-1] - cpu[0]) / (len(cpu) - 1),
     }
 
 
