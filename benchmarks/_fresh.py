@@ -55,14 +55,15 @@ def timings(stamps: Sequence[tuple[float, float]], start: tuple[float, float]) -
     warm = warm_up(stamps)
     wall = [s[0] for s in stamps[warm:]]
     cpu = [s[1] for s in stamps[warm:]]
-    few = len(wall) < 2  # too few steps for a steady time (a smoke run): NaN, not an error
+    steady, per_step = math.nan, math.nan  # too few steps (a smoke run): NaN, not an error
+    if len(wall) >= 2:
+        steady = statistics.median(b - a for a, b in itertools.pairwise(wall))
+        per_step = (cpu[-1] - cpu[0]) / (len(cpu) - 1)
     return {
         "first": stamps[0][0] - start[0],
         "first_cpu": stamps[0][1] - start[1],
-        "steady": math.nan
-        if few
-        else statistics.median(b - a for a, b in itertools.pairwise(wall)),
-        "cpu": math.nan if few else (cpu[-1] - cpu[0]) / (len(cpu) - 1),
+        "steady": steady,
+        "cpu": per_step,
     }
 
 
