@@ -104,10 +104,12 @@ def test_only_process_0_prints_progress(two_processes):
     assert _without_gloo_chatter(children[1].stdout).strip() == ""
 
 
-# gloo's C++ logging of its connections; it may reach stdout split across lines.
+# gloo's C++ logging of its connections. It may reach stdout split across lines, with the two
+# sentences of one message apart ("...peer ranks.   \nExpected number..."), so each part is
+# matched on its own.
 _GLOO = re.compile(
-    r"\[Gloo\]|\bRank\b|\d+ is connected to \d+ peer ranks\. "
-    r"Expected number of connected peer ranks is : \d+"
+    r"\[Gloo\]|\bRank\b|\d+ is connected to \d+ peer ranks\."
+    r"|Expected number of connected peer ranks is : \d+"
 )
 
 
