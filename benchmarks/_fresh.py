@@ -119,7 +119,8 @@ def ratio_table(
     print(f"\n| {title} |{head}" + (f" {extra.replace('_', ' ')} |" if extra else ""))
     print("| --- |" + " --- | --- |" * len(COLUMNS) + (" --- |" if extra else ""))
     for name, m in medians_.items():
-        cells = [f"{m[k] * scale:.3f} | {m[k] / base[k]:.2f}x" for k, _, scale in COLUMNS]
+        r = ratios(m, base)
+        cells = [f"{m[k] * scale:.3f} | {r[k]:.2f}x" for k, _, scale in COLUMNS]
         last = f" {m[extra]:.1f} |" if extra else ""
         print(f"| {name} | " + " | ".join(cells) + " |" + last)
 
@@ -139,11 +140,12 @@ def own_ratios(
         print(f"| {name} | {own[0]:.2f}x | {own[1]:.2f}x |")
 
 
-def verdict(
-    m: Mapping[str, float], base: Mapping[str, float], first: float, steady: float
-) -> tuple[float, float, str]:
-    """The wall-time ratios of `m`'s first and steady step to `base`'s, and `"meets"` when they
-    are within the targets `first` and `steady`, else `"misses"`."""
-    ratios = m["first"] / base["first"], m["steady"] / base["steady"]
-    met = ratios[0] <= first and ratios[1] <= steady
-    return ratios[0], ratios[1], "meets" if met else "misses"
+def ratios(m: Mapping[str, float], base: Mapping[str, float]) -> dict[str, float]:
+    """Each of the four timings of `m` (medians of one variant) over `base`'s."""
+    return {key: m[key] / base[key] for key, _, _ in COLUMNS}
+
+
+def verdict(ratios_: Mapping[str, float], first: float, steady: float) -> str:
+    """`"meets"` when the wall-time ratios of the first and steady step are within the targets
+    `first` and `steady`, else `"misses"`."""
+    return "meets" if ratios_["first"] <= first and ratios_["steady"] <= steady else "misses"

@@ -214,15 +214,12 @@ def main() -> None:
     for variant, m in medians.items():
         if variant == "mlp":
             continue
-        first, steady, verdict = _fresh.verdict(m, medians["mlp"], first=1.2, steady=1.0)
-        cpu_first, cpu = (
-            m["first_cpu"] / medians["mlp"]["first_cpu"],
-            m["cpu"] / medians["mlp"]["cpu"],
-        )
+        r = _fresh.ratios(m, medians["mlp"])
+        verdict = _fresh.verdict(r, first=1.2, steady=1.0)
         print(
-            f"summary ({variant}): {first:.2f}x the MLP's wall time to the first step (target "
-            f"<= 1.2; CPU time {cpu_first:.2f}x), {steady:.2f}x per steady step (target <= 1.0;"
-            f" CPU time {cpu:.2f}x): {verdict} the wall-time targets"
+            f"summary ({variant}): {r['first']:.2f}x the MLP's wall time to the first step "
+            f"(target <= 1.2; CPU time {r['first_cpu']:.2f}x), {r['steady']:.2f}x per steady "
+            f"step (target <= 1.0; CPU time {r['cpu']:.2f}x): {verdict} the wall-time targets"
         )
 
 

@@ -214,13 +214,13 @@ def main() -> None:
     print()
     _fresh.load_average("end")
     for setup, m, base in summary:
-        first, steady, verdict = _fresh.verdict(m, base, first=1.1, steady=1.0)
-        cpu_first, cpu = m["first_cpu"] / base["first_cpu"], m["cpu"] / base["cpu"]
+        r = _fresh.ratios(m, base)
+        verdict = _fresh.verdict(r, first=1.1, steady=1.0)
         print(
-            f"summary ({setup}): train_with_optax (default display) takes {first:.2f}x the "
+            f"summary ({setup}): train_with_optax (default display) takes {r['first']:.2f}x the "
             f"hand-written loop's wall time to its first step (target <= 1.1; CPU time "
-            f"{cpu_first:.2f}x) and {steady:.2f}x per steady step (target <= 1.0; CPU time "
-            f"{cpu:.2f}x): {verdict} the wall-time targets"
+            f"{r['first_cpu']:.2f}x) and {r['steady']:.2f}x per steady step (target <= 1.0; CPU "
+            f"time {r['cpu']:.2f}x): {verdict} the wall-time targets"
         )
 
 
