@@ -261,3 +261,62 @@ def test_moment_atom_validates_moments_and_tower():
         cb.moment_atom(Z, jnp.zeros(0))
     with pytest.raises(ValueError, match="at least 4 rows"):
         cb.moment_atom(Z, jnp.ones(4), tower=cb.sigma_tower("sigmoid", Z, 2))
+
+
+# Near the collision the pair is evaluated from exact rational forms in e^{−|z|} and the entire
+# functions cosh √w, sinh √w / √w of w = ρη² (no derivative rows beyond σ'): the checks below
+# pin what that form must keep: agreement with the closed form across the series radius, and
+# full relative accuracy where the activation is tiny or the pair's value is near 0.
+
+
+@pytest.mark.parametrize("name", ["sigmoid", "tanh"])
+def test_the_pair_is_continuous_across_the_series_radius(name):
+    eta = jnp.asarray(0.8)
+    edge = 0.01**2 / eta**2  # ρη² = r²: the last spread evaluated near the collision
+    inside, outside = jnp.asarray(edge * (1 - 1e-12)), jnp.asarray(edge * (1 + 1e-12))
+    for rho in (inside, outside):
+        np.testing.assert_allclose(
+            pair_jit(name, Z, rho, eta), direct(name, Z, float(rho), eta), rtol=1e-11, atol=1e-14
+        )
+    a_in, b_in = pair_jit(name, Z, inside, eta)
+    a_out, b_out = pair_jit(name, Z, outside, eta)
+    np.testing.assert_allclose(a_in, a_out, rtol=1e-14)
+    np.testing.assert_allclose(b_in, b_out, rtol=1e-12)
+    grad_in = pair_rho_gradient(name, Z, inside, eta)
+    grad_out = pair_rho_gradient(name, Z, outside, eta)
+    np.testing.assert_allclose(grad_in, grad_out, rtol=1e-6)
+
+
+@pytest.mark.parametrize("z", [-30.0, -300.0, -700.0])
+def test_the_sigmoid_pair_keeps_relative_accuracy_in_the_lower_tail(z):
+    rho, eta = 1e-6, 0.9  # ρη² < r²: the near-collision form
+    u = math.sqrt(rho) * eta
+    # Relatively accurate references in float64: σ(x) = e^x / (1 + e^x), and
+    # σ(z + u) − σ(z − u) = e^{z−u}·expm1(2u) / ((1 + e^{z+u})(1 + e^{z−u})).
+    plus, minus = math.exp(z + u), math.exp(z - u)
+    reference_a = (plus / (1 + plus) + minus / (1 + minus)) / 2
+    reference_b = minus * math.expm1(2 * u) / ((1 + plus) * (1 + minus)) / (2 * math.sqrt(rho))
+    a, b = pair_jit("sigmoid", jnp.asarray(z), jnp.asarray(rho), jnp.asarray(eta))
+    np.testing.assert_allclose(float(a), reference_a, rtol=1e-13)
+    np.testing.assert_allclose(float(b), reference_b, rtol=1e-13)
+
+
+def test_the_tanh_pair_keeps_relative_accuracy_where_its_value_is_near_zero():
+    z, rho, eta = 1e-12, 1e-6, 1.0
+    t, s = math.tanh(z), math.tanh(math.sqrt(rho) * eta)
+    # tanh(z + u) + tanh(z − u) = 2 tanh z (1 − tanh²u) / (1 − tanh²z tanh²u): no cancellation.
+    reference = t * (1 - s * s) / (1 - t * t * s * s)
+    a, _ = pair_jit("tanh", jnp.asarray(z), jnp.asarray(rho), jnp.asarray(eta))
+    np.testing.assert_allclose(float(a), reference, rtol=1e-14)
+    assert float(pair_jit("tanh", jnp.asarray(0.0), jnp.asarray(rho), jnp.asarray(eta))[0]) == 0.0
+
+
+@pytest.mark.parametrize("name", ["sigmoid", "tanh"])
+def test_the_z_derivative_of_the_pair_at_zero_is_not_lost_to_the_absolute_value(name):
+    # e^{−|z|} would give z = 0 a zero derivative; the pair's slope there is σ''' terms away
+    # from σ'(0), not zero.
+    slope = jax.grad(lambda z: sum(pair(name, z, jnp.asarray(1e-6), jnp.asarray(0.7))))(
+        jnp.asarray(0.0)
+    )
+    expected = sum(series(name, jnp.asarray(0.0), 1e-6, 0.7, shift=1))
+    np.testing.assert_allclose(float(slope), float(expected), rtol=1e-12)

@@ -102,8 +102,11 @@ def test_the_input_gradient_at_infinity_is_zero(bank):
 
 
 def test_infinite_points_do_not_disturb_finite_points(bank):
+    # Same shape on both sides: XLA may round a differently shaped program's fused multiply-adds
+    # differently, which says nothing about the infinite points.
     x = jnp.asarray([-0.5, jnp.inf, 0.25, -jnp.inf])
-    np.testing.assert_array_equal(bank.forward(x)[::2], bank.forward(x[::2]))
+    finite = jnp.asarray([-0.5, 0.0, 0.25, 0.0])
+    np.testing.assert_array_equal(bank.forward(x)[::2], bank.forward(finite)[::2])
 
 
 def test_a_simple_bank_at_infinity_is_finite_with_finite_gradients():

@@ -118,11 +118,11 @@ def test_each_branch_evaluates_one_tower_for_all_slots(monkeypatch):
     monkeypatch.setattr(forward_module, "sigma_tower_rows", counting)
     bank = random_bank(1, 5, 3)
     bank.forward(jnp.zeros((1, 7)))  # a shape no other test uses, so it is traced here
-    # The order-0 and low-order branches, then the full branch (pairs need rows 0..11).
-    assert calls == [(0, (5, 1, 7)), (3, (5, 1, 7)), (11, (5, 1, 7))]
+    # The order-0 and low-order branches, then the full branch (the pair reads rows 0 and 1).
+    assert calls == [(0, (5, 1, 7)), (3, (5, 1, 7)), (3, (5, 1, 7))]
 
 
-def test_the_full_tower_height_is_max_order_when_above_eleven(monkeypatch):
+def test_the_full_tower_height_is_max_order(monkeypatch):
     calls = []
     real = forward_module.get_activation("sigmoid")
 
@@ -150,7 +150,7 @@ def test_a_spec_with_only_a_stacked_tower_is_evaluated_once_per_branch(monkeypat
     bank = random_bank(6, 4, 2, "tanh")
     x = jnp.linspace(-1.0, 1.0, 13)
     terms = bank.slot_terms(x)
-    assert calls == [0, 2, 11]
+    assert calls == [0, 2, 2]  # the order-0 branch, the mixed branch, the full branch
     monkeypatch.undo()
     np.testing.assert_array_equal(terms, bank.slot_terms(x))
 

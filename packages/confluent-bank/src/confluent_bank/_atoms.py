@@ -50,6 +50,44 @@ def _finite_pair(name: str, z: Array, u: Array, eta: Array) -> tuple[Array, Arra
     return 2 * ((plus + minus) * 0.5) - 1, 2 * (eta * 2 * plus * cross * _g(uu))
 
 
+def _even_series(w: Array, terms: int, offset: int) -> Array:
+    """`Σ_{k<terms} w^k / (2k + offset)!` by Horner: `cosh √w` (offset 0) or `sinh √w / √w`
+    (offset 1), truncated. Entire in `w`, so every `ρ`-derivative is finite at `w = 0`."""
+    total = jnp.full_like(w, 1 / math.factorial(2 * (terms - 1) + offset))
+    for k in range(terms - 2, -1, -1):
+        total = total * w + 1 / math.factorial(2 * k + offset)
+    return total
+
+
+def _near_pair(name: str, z: Array, w: Array, eta: Array, terms: int) -> tuple[Array, Array]:
+    """`(A, B)` for `w = ρη² ≤ r²` from exact rational forms, without derivative rows.
+
+    With `u = hη` and `q = e^{−|z|}`, `σ(z + u) ± σ(z − u)` have the common denominator
+    `D = 1 + 2q·cosh u + q²`, and both `cosh u = C(w)` and `sinh(u)/u = S(w)` are entire in
+    `w = u²`. Hence, for the sigmoid,
+    `A = (1 + qC)/D` (`z ≥ 0`) or `q(q + C)/D` (`z < 0`), and `B = η·q·S/D`;
+    for tanh, with `q = e^{−2|z|}` and `C, S` at `4w`,
+    `A = sign(z)·(1 − q²)/(1 + q² + 2qC)` and `B = 4η·q·S/(1 + q² + 2qC)`.
+    Nothing overflows (`q ≤ 1`, `C ≈ 1`) and nothing cancels (`1 − q²` by `expm1`), so both
+    keep full relative accuracy. `C` and `S` are truncated after `terms` terms: the truncation
+    is `w^T/(2T)!`-small, below that of the `T`-term series in `ρ` of `A` and `B`.
+    """
+    positive = z >= 0
+    # |z| with the derivative of the side it is on (`abs` has derivative 0 at 0).
+    magnitude = jnp.where(positive, z, -z)
+    if name == "sigmoid":
+        q = jnp.exp(-magnitude)
+        c, s = _even_series(w, terms, 0), _even_series(w, terms, 1)
+        denominator = 1 + q * (2 * c + q)
+        a = jnp.where(positive, 1 + q * c, q * (q + c)) / denominator
+        return a, eta * q * s / denominator
+    q = jnp.exp(-2 * magnitude)
+    c, s = _even_series(4 * w, terms, 0), _even_series(4 * w, terms, 1)
+    denominator = 1 + q * (q + 2 * c)
+    a = -jnp.expm1(-4 * magnitude) / denominator
+    return jnp.where(positive, a, -a), 4 * eta * q * s / denominator
+
+
 def _pair_terms(
     name: str,
     z: Array,
@@ -60,26 +98,30 @@ def _pair_terms(
     series_radius: float = SERIES_RADIUS,
 ) -> tuple[Array, Array]:
     """`(A, B)` of the centred pair; `tower[k]` (a stacked tower or a tuple of rows) must hold
-    `σ^(k)(z)` for `k < 2·series_terms`."""
+    `σ^(k)(z)` for `k ≤ 1` (the values at `ρ = 0`)."""
     p = retract_spread(rho)
-    near = p * eta**2 <= series_radius**2
+    w = p * eta**2
+    near = w <= series_radius**2
     # Safe stand-ins: the discarded branch must not produce inf/NaN (its zero cotangent would
-    # turn into a NaN gradient), and huge spreads must not overflow the discarded powers ρ^k.
+    # turn into a NaN gradient), and a huge spread must not overflow the discarded powers of w.
     h = jnp.sqrt(jnp.where(near, jnp.ones_like(p), p))
     u = jnp.where(near, jnp.ones_like(h * eta), jnp.abs(h * eta))
     a_finite, b_finite = _finite_pair(name, z, u, eta)
-    r = jnp.where(near, p, jnp.zeros_like(p))
-    e = jnp.where(near, eta, jnp.zeros_like(eta))
-    # Accumulated in increasing k, elementwise (so XLA fuses it with everything around it).
-    # 0^0 = 1, so at ρ = 0 only the k = 0 terms survive: A = σ(z), B = η σ'(z) exactly.
-    a_series = tower[0] * (r**0 * e**0) / 1
-    b_series = tower[1] * (r**0 * e**1) / 1
-    for k in range(1, series_terms):
-        a_series = a_series + tower[2 * k] * (r**k * e ** (2 * k)) / math.factorial(2 * k)
-        b_series = b_series + tower[2 * k + 1] * (r**k * e ** (2 * k + 1)) / math.factorial(
-            2 * k + 1
-        )
-    return jnp.where(near, a_series, a_finite), jnp.where(near, b_series, b_finite)
+    w_near = jnp.where(near, w, jnp.zeros_like(w))
+    a_near, b_near = _near_pair(name, z, w_near, eta, series_terms)
+    # At ρη² = 0 the pair is exactly the derivative neuron `σ(z) + η σ'(z)`, bitwise as the
+    # tower gives it (so the pair and its limit atom agree to the last bit there); the
+    # derivatives stay those of the rational forms. `a + (b − a)` is `b` exactly because `a`
+    # and `b` agree to a few ulps (Sterbenz).
+    collided = w_near == 0
+    a_near = a_near + jnp.where(
+        collided, jax.lax.stop_gradient(tower[0] - a_near), jnp.zeros_like(a_near)
+    )
+    b_exact = eta * tower[1]
+    b_near = b_near + jnp.where(
+        collided, jax.lax.stop_gradient(b_exact - b_near), jnp.zeros_like(b_near)
+    )
+    return jnp.where(near, a_near, a_finite), jnp.where(near, b_near, b_finite)
 
 
 def collision_atom(
@@ -97,9 +139,14 @@ def collision_atom(
     """The centred pair `m0·A(z, ρ, η) + m1·B(z, ρ, η)` with `ρ = h²`.
 
     `A = [σ(z + hη) + σ(z − hη)]/2` and `B = [σ(z + hη) − σ(z − hη)]/(2h)` (`B = η σ'(z)` at
-    `ρ = 0`). Near the collision (`|hη| ≤ series_radius`) a `series_terms`-term power series in
-    `ρ` is used, so values and all `ρ`-derivatives stay finite at `ρ = 0`; elsewhere a
-    cancellation-free closed form. Negative spreads are treated as 0.
+    `ρ = 0`). Near the collision (`|hη| ≤ series_radius`) both are exact rational forms in
+    `e^{−|z|}` and the entire functions `cosh √w`, `sinh √w / √w` of `w = ρη²`, each summed to
+    `series_terms` terms, so values and all `ρ`-derivatives stay finite at `ρ = 0` (where the
+    atom is `m0 σ(z) + m1 η σ'(z)`, bitwise the tower's rows); elsewhere a cancellation-free
+    closed form. Both keep full relative accuracy. The spec writes the near side as the `T`-term
+    series of `A` and `B` in `ρ`, which needs derivative rows up to `2T − 1`; both truncations
+    are `O(w^T)`, so with the defaults (`w ≤ 10⁻⁴`, `T = 6`) they agree to rounding. Negative
+    spreads are treated as 0.
 
     **Arguments:**
 
@@ -108,7 +155,8 @@ def collision_atom(
     - `eta`: direction value `η`.
     - `m0`, `m1`: even and odd moments.
     - `activation`: `"sigmoid"` (alias `"logistic"`) or `"tanh"`.
-    - `tower`: optional precomputed `sigma_tower(activation, z, K)` with `K ≥ 2·series_terms − 1`.
+    - `tower`: optional precomputed `sigma_tower(activation, z, K)` with `K ≥ 2·series_terms − 1`
+        (the spec's requirement, kept); rows 0 and 1 give the values at `ρ = 0`.
     - `series_terms`: number of series terms `T ≥ 1` (default 6).
     - `series_radius`: series radius `0 < r ≤ 0.1` (default 0.01).
 
@@ -121,7 +169,7 @@ def collision_atom(
         raise ValueError(f"series_radius must be in (0, 0.1], got {series_radius}")
     z = jnp.asarray(z)
     if tower is None:
-        tower = sigma_tower(spec, z, 2 * series_terms - 1)
+        tower = sigma_tower(spec, z, 1)
     elif tower.shape[0] <= 2 * series_terms - 1:
         raise ValueError(
             f"the tower needs more than {2 * series_terms - 1} rows for {series_terms} series "

@@ -19,7 +19,7 @@ from jax import Array
 from confluent_bank import _proposals as proposals
 from confluent_bank._activations import _finite_tower_order
 from confluent_bank._atoms import retract_spread
-from confluent_bank._forward import PAIR_TOWER_HEIGHT, bank_forward, bank_slot_terms
+from confluent_bank._forward import bank_forward, bank_slot_terms
 from confluent_bank._host import (
     PARAMETER_NAMES,
     SCHEMA_VERSION,
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 _BASES = ("sigmoid", "tanh")
 _DERIVATIVE_HEADROOM = 4  # nested derivatives of the forward that stay within the tower limit
+_SPEC_TOWER_HEIGHT = 11  # the spec's centred-pair series reads rows 0..2T−1 with T = 6
 
 
 @jax.tree_util.register_pytree_with_keys_class
@@ -356,21 +357,25 @@ def _readable_here(value: Any) -> bool:
 
 
 def _check_tower_order(max_order: int, base: str, dtype: Any) -> None:
-    # The forward evaluates rows up to max(N, 11); each nested derivative asks for one more.
-    needed = max(max_order, PAIR_TOWER_HEIGHT) + _DERIVATIVE_HEADROOM
+    # The forward reads rows up to max(N, 1) and each nested derivative asks for one more. The
+    # floor stays at the spec's pair-series height (rows 0..11), so the dtypes a bank accepts
+    # are what they were when the pair read those rows (float16 stays refused).
+    needed = max(max_order, _SPEC_TOWER_HEIGHT) + _DERIVATIVE_HEADROOM
     limit = _finite_tower_order(base, dtype)
-    if needed > limit:
-        reason = (
-            f"the forward and {_DERIVATIVE_HEADROOM} nested derivatives need tower rows up to "
-            f"order {needed}, but the Riccati coefficients are finite in {dtype} only up to "
-            f"order {limit}"
-        )
-        if limit - _DERIVATIVE_HEADROOM < PAIR_TOWER_HEIGHT:
-            raise ValueError(f"a {base} bank cannot use dtype {dtype}: {reason}")
+    finite = f"the Riccati coefficients are finite in {dtype} only up to order {limit}"
+    if needed <= limit:
+        return
+    if limit - _DERIVATIVE_HEADROOM < _SPEC_TOWER_HEIGHT:
         raise ValueError(
-            f"max_order={max_order} is too high for a {base} bank in {dtype}: {reason} "
-            f"(max_order <= {limit - _DERIVATIVE_HEADROOM})"
+            f"a {base} bank cannot use dtype {dtype}: a bank needs finite tower rows up to order "
+            f"{needed} (the spec's pair-series height {_SPEC_TOWER_HEIGHT} and "
+            f"{_DERIVATIVE_HEADROOM} nested derivatives), but {finite}"
         )
+    raise ValueError(
+        f"max_order={max_order} is too high for a {base} bank in {dtype}: the forward and "
+        f"{_DERIVATIVE_HEADROOM} nested derivatives need tower rows up to order {needed}, but "
+        f"{finite} (max_order <= {limit - _DERIVATIVE_HEADROOM})"
+    )
 
 
 def _cast_pack(pack: RefinedPack, slot: int, dtype: Any) -> tuple[Any, Any, Any]:

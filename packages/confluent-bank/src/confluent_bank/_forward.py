@@ -5,8 +5,9 @@ The forward pass evaluates ONE derivative tower for all slots at once, as rows o
 coefficient arrays. The traced program therefore does not grow with the capacity `P`: compile
 time is independent of `max_packs`. The tower's height is what the active slots need, chosen at
 run time from the traced metadata (so commits never recompile): 0 or 3 for low-order ordinary
-slots, `max_order` for ordinary and moment slots (moments use rows `0..max_order` only), and
-`max(max_order, 11)` only when a centred pair is active (its series needs rows 0..11).
+slots, and `max_order` for ordinary and moment slots (moments use rows `0..max_order` only). The
+centred pair reads rows 0 and 1 only (`_atoms._pair_terms`), so the full branch, taken while a
+pair is active, has height `max(max_order, 1)` and adds the pair formulas.
 
 The bank is duck-typed (its blocks, `base` and `max_order`), so this module does not import
 `_bank`.
@@ -30,7 +31,6 @@ from confluent_bank._records import SlotMode
 if TYPE_CHECKING:
     from confluent_bank._bank import ConfluentPackBank
 
-PAIR_TOWER_HEIGHT = 11  # the centred-pair series needs rows 0..2T−1 with T = 6
 _LOW_ORDER = 3  # the short tower of the cheap ordinary branch
 
 
@@ -43,9 +43,11 @@ def bank_slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
     `K` is the lowest height that holds what the active slots need, and only those terms are
     computed: 0 or `min(max_order, 3)` when every active slot is ordinary of that order or
     less; `max_order` when no centred pair is active (ordinary and moment slots); `max(max_order,
-    11)` with the pair formulas when one is. Every branch gives the same values bitwise. The
-    branch is a `lax.switch` on the traced metadata (each branch rematerialised in reverse
-    mode), so a commit never recompiles.
+    1)` with the pair formulas when one is. The branches evaluate the same formulas, so they
+    agree to rounding: XLA contracts products and sums into fused multiply-adds differently in
+    differently shaped programs, so a value may move by an ulp or two when a commit changes the
+    branch. The branch is a `lax.switch` on the traced metadata (each branch rematerialised in
+    reverse mode), so a commit never recompiles.
     Jitted (one compilation per input shape and bank configuration), so eager calls are fast as
     well.
 
@@ -65,7 +67,7 @@ def bank_slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
 def _ordinary_heights(max_order: int) -> tuple[int, ...]:
     # The tower heights of the cheap ordinary branches: order-0 slots need the activation only,
     # low orders a short tower. Height max_order is the mixed branch's (ordinary and moment
-    # slots), which gives an ordinary slot the same value bitwise, so it has no branch of its own.
+    # slots), which computes an ordinary slot by the same formula, so it has no branch of its own.
     return tuple(sorted({0, min(max_order, _LOW_ORDER)} - {max_order}))
 
 
@@ -121,16 +123,17 @@ def _mixed_terms(bank: ConfluentPackBank, z: Array) -> Array:
 
 
 def _all_terms(bank: ConfluentPackBank, z: Array) -> Array:
-    """Every slot through one tower of height `max(max_order, 11)` and all three kinds' formulas,
-    selected by mode: the reference the branches agree with bitwise (tests, benchmarks)."""
+    """Every slot through one tower of height `max(max_order, 1)` and all three kinds' formulas,
+    selected by mode: the reference the branches agree with to rounding (tests, benchmarks)."""
     spec = get_activation(bank.base)
     order = bank.max_order
     per_slot = (slice(None),) + (None,) * z.ndim
     argument = _argument(bank, z)
-    # One tower for all slots, as K + 1 rows of shape (P, *z.shape). Every combination below is
-    # elementwise over (P, *z.shape) with loops only over orders and series terms, so the traced
-    # program is independent of P and XLA fuses the slot computation and its gradient.
-    tower = sigma_tower_rows(spec, argument, max(order, PAIR_TOWER_HEIGHT))
+    # One tower for all slots, as K + 1 rows of shape (P, *z.shape); the pair reads rows 0 and 1
+    # only (its values at ρ = 0). Every combination below is elementwise over (P, *z.shape) with
+    # loops only over orders and series terms, so the traced program is independent of P and XLA
+    # fuses the slot computation and its gradient.
+    tower = sigma_tower_rows(spec, argument, max(order, 1))
     ordinary = _ordinary(bank, z, tower, order)
 
     eta = bank.directions[per_slot] * z[None] + bank.direction_bias[per_slot]
