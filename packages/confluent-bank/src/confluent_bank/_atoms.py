@@ -70,7 +70,7 @@ def _near_pair(name: str, z: Array, w: Array, eta: Array, terms: int) -> tuple[A
     `A = sign(z)·(1 − q²)/(1 + q² + 2qC)` and `B = 4η·q·S/(1 + q² + 2qC)`.
     Nothing overflows (`q ≤ 1`, `C ≈ 1`) and nothing cancels (`1 − q²` by `expm1`), so both
     keep full relative accuracy. `C` and `S` are truncated after `terms` terms: the truncation
-    is `w^T/(2T)!`-small, below that of the `T`-term series in `ρ` of `A` and `B`.
+    is `O(w^T/(2T)!)`, the order of the `T`-term series in `ρ` of `A` and `B`.
     """
     positive = z >= 0
     # |z| with the derivative of the side it is on (`abs` has derivative 0 at 0).
@@ -86,6 +86,12 @@ def _near_pair(name: str, z: Array, w: Array, eta: Array, terms: int) -> tuple[A
     denominator = 1 + q * (q + 2 * c)
     a = -jnp.expm1(-4 * magnitude) / denominator
     return jnp.where(positive, a, -a), 4 * eta * q * s / denominator
+
+
+def _exact_where(condition: Array, value: Array, exact: Array) -> Array:
+    """`exact` where `condition` holds, `value` elsewhere, with `value`'s derivatives throughout."""
+    correction = jax.lax.stop_gradient(exact - value)
+    return value + jnp.where(condition, correction, jnp.zeros_like(value))
 
 
 def _pair_terms(
@@ -111,16 +117,11 @@ def _pair_terms(
     a_near, b_near = _near_pair(name, z, w_near, eta, series_terms)
     # At ρη² = 0 the pair is exactly the derivative neuron `σ(z) + η σ'(z)`, bitwise as the
     # tower gives it (so the pair and its limit atom agree to the last bit there); the
-    # derivatives stay those of the rational forms. `a + (b − a)` is `b` exactly because `a`
-    # and `b` agree to a few ulps (Sterbenz).
+    # derivatives stay those of the rational forms. `a + (b − a)` is `b` exactly when `b − a`
+    # is exact, as it is for values within a factor of 2 of each other (Sterbenz).
     collided = w_near == 0
-    a_near = a_near + jnp.where(
-        collided, jax.lax.stop_gradient(tower[0] - a_near), jnp.zeros_like(a_near)
-    )
-    b_exact = eta * tower[1]
-    b_near = b_near + jnp.where(
-        collided, jax.lax.stop_gradient(b_exact - b_near), jnp.zeros_like(b_near)
-    )
+    a_near = _exact_where(collided, a_near, tower[0])
+    b_near = _exact_where(collided, b_near, eta * tower[1])
     return jnp.where(near, a_near, a_finite), jnp.where(near, b_near, b_finite)
 
 
