@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 
 MAX_TOWER_ORDER = 512
@@ -136,6 +138,78 @@ def _riccati_rows(
     return checked
 
 
+@functools.lru_cache(maxsize=64)
+def _reduced_matrix(kind: str, order: int) -> np.ndarray:
+    """`R_1 … R_order` as floats, shape `(order, order)`: row `n − 1` holds the coefficients of
+    `R_n = P_n / (s − s²)` (sigmoid) or `Q_n / (1 − t²)` (tanh), padded with zeros.
+
+    Every derivative row of order `n ≥ 1` carries the factor `σ'` as a polynomial in `σ`
+    (`P_{n+1} = (s − s²)·P_n'`), so a series of rows is `a_0·σ + σ'·Σ_n a_n R_n(σ)`: the factor
+    is exactly 0 where the activation has saturated, as every such row is.
+    """
+    factor = (0, 1, -1) if kind == "sigmoid" else (1, 0, -1)
+    matrix = np.zeros((order, order))
+    for n in range(1, order + 1):
+        remainder = list(riccati_coefficients(kind, n))
+        quotient = [0] * (len(remainder) - 2)
+        for k in range(len(quotient) - 1, -1, -1):  # long division from the top degree
+            quotient[k] = remainder[k + 2] // factor[2]
+            for j, f in enumerate(factor):
+                remainder[k + j] -= quotient[k] * f
+        assert not any(remainder), (kind, n)
+        matrix[n - 1, : len(quotient)] = [float(c) for c in quotient]
+    return matrix
+
+
+def _riccati_series(kind: str, native: Callable[[Array], Array]) -> Callable[[Array, Array], Array]:
+    def plain(coefficients: Array, z: Array) -> Array:
+        order = coefficients.shape[0] - 1
+        limit = _finite_tower_order(kind, coefficients.dtype)
+        if order > limit:
+            raise ValueError(
+                f"derivative order {order} of {kind} is above {limit}, the highest order whose "
+                f"Riccati coefficients are finite in {coefficients.dtype}"
+            )
+        value = native(z)
+        if order == 0:
+            return coefficients[0] * value
+        # The polynomial in σ(z) that multiplies σ'(z), for the whole combination: its
+        # coefficients as elementwise sums over the rows (a dot would be a separate, unfused
+        # kernel, costly at the bank's small sizes inside a solver loop).
+        matrix = _reduced_matrix(kind, order)
+        reduced = [
+            functools.reduce(
+                operator.add,
+                [float(c) * coefficients[n + 1] for n, c in enumerate(matrix[:, j]) if c != 0],
+            )
+            for j in range(order)
+        ]
+        acc = reduced[-1]
+        for j in range(order - 2, -1, -1):
+            acc = acc * value + reduced[j]
+        slope = value * (1 - value) if kind == "sigmoid" else (1 - value) * (1 + value)
+        return coefficients[0] * value + slope * acc
+
+    @jax.custom_jvp
+    def series(coefficients: Array, z: Array) -> Array:
+        return plain(coefficients, z)
+
+    def series_jvp(primals: tuple[Array, Array], tangents: tuple[Any, Any]) -> tuple[Array, Array]:
+        (coefficients, z), (dcoefficients, dz) = primals, tangents
+        value = series(coefficients, z)
+        tangent = jnp.zeros_like(value)
+        if not isinstance(dz, jax.custom_derivatives.SymbolicZero):
+            # d/dz Σ_k a_k σ^(k) = Σ_k a_k σ^(k+1): the same series with the rows shifted by one.
+            shifted = jnp.concatenate([jnp.zeros_like(coefficients[:1]), coefficients])
+            tangent = tangent + series(shifted, z) * dz
+        if not isinstance(dcoefficients, jax.custom_derivatives.SymbolicZero):
+            tangent = tangent + plain(dcoefficients, z)  # linear in the coefficients
+        return value, tangent
+
+    series.defjvp(series_jvp, symbolic_zeros=True)
+    return series
+
+
 def _stacked(rows: Callable[[Array, int], tuple[Array, ...]]) -> Callable[[Array, int], Array]:
     def tower(z: Array, order: int) -> Array:
         return jnp.stack(rows(z, order))
@@ -193,6 +267,10 @@ def _exp_tower(z: Array, order: int) -> Array:
 
 
 _SIGMOID_ROWS = _riccati_rows("sigmoid", jax.nn.sigmoid)
+_SERIES = {
+    "sigmoid": _riccati_series("sigmoid", jax.nn.sigmoid),
+    "tanh": _riccati_series("tanh", jnp.tanh),
+}
 _TANH_ROWS = _riccati_rows("tanh", jnp.tanh)
 _SIGMOID = ActivationSpec(
     "sigmoid",
