@@ -19,9 +19,9 @@ under 5 s at 64 slots, order 8; steady-state gradient at least 10x faster than t
 `Σ forward(z)²`) over 4096 points, float64, for `max_packs` in (4, 16, 64), of
 
 - a plain sum of the same number of sigmoids, `Σ_i w_i σ(s_i (z − c_i))`, written here;
-- the bank holding that order-0 bank (its cheap branch), and a mixed bank (ordinary, pair and
-  moment slots: the full branch);
-- the previous forward (every slot through the full tower, pairs and moments, without the
+- the bank holding that order-0 bank (one series per slot), and a mixed bank (ordinary, pair and
+  moment slots: the series and the pair formulas);
+- the previous forward (every slot through the tower rows, pairs and moments, without the
   run-time branch), built here from the package's private pieces, on both banks.
 
 Targets: order-0 bank ≤ 2x the plain sum; the mixed bank no slower than the previous forward.
@@ -154,7 +154,8 @@ def plain_sum(parameters, z):
 
 
 def previous_forward(bank, z):
-    """The forward before issue 10: the full branch for every bank, no remat, no limits."""
+    """The forward before issue 10: every slot through the tower rows and all three kinds'
+    formulas (`_all_terms`), no run-time branch, no remat, no limits."""
     per_slot = (slice(None),) + (None,) * z.ndim
     terms = forward_module._all_terms(bank, z)
     terms = jnp.where(bank.active[per_slot], terms, jnp.zeros_like(terms))
