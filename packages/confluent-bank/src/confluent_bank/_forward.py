@@ -38,9 +38,10 @@ def bank_slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
     `w·s^n·σ^(n)(u)` and a moment slot `Σ_k M_k σ^(k)(u)`: both are evaluated for all slots at
     once as one series in the derivative rows per slot, a polynomial in `σ(u)` whose
     coefficients combine the rows' Riccati polynomials (spec 7.3). So every slot costs one
-    activation and one polynomial of degree `max_order`, whatever its order or kind, and the
-    values agree with the rows of `sigma_tower` combined one by one to rounding (the rows
-    carry coefficients up to ~1e6 at order 8, so both round by ~eps·Σ|coefficients| there).
+    activation and one polynomial in it of degree `max_order + 1`, whatever its order or kind
+    (`_activations._riccati_series`), and the values agree with the rows of `sigma_tower`
+    combined one by one to rounding (the rows carry coefficients up to ~1e6 at order 8, so both
+    round by ~eps·Σ|coefficients| there).
     Rows of order `n ≥ 1` share the factor `σ'(u)`, taken out exactly, so where the activation
     has saturated they are exactly 0, as the rows are. The centred pairs' formulas run only
     while a pair is active (a `lax.cond` on the traced metadata, rematerialised in reverse
