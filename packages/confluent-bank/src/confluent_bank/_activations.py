@@ -92,15 +92,20 @@ def _finite_tower_order(kind: str, dtype: Any) -> int:
     return order
 
 
-def _horner(value: Array, kind: str, order: int) -> Array:
-    """`P_order(value)` (sigmoid) / `Q_order(value)` (tanh) by Horner from the top; zero
-    coefficients are not skipped. Refuses an order whose coefficients overflow `value.dtype`."""
-    limit = _finite_tower_order(kind, value.dtype)
+def _check_finite_order(kind: str, order: int, dtype: Any) -> None:
+    """Refuse a derivative order whose Riccati coefficients overflow `dtype`."""
+    limit = _finite_tower_order(kind, dtype)
     if order > limit:
         raise ValueError(
             f"derivative order {order} of {kind} is above {limit}, the highest order whose "
-            f"Riccati coefficients are finite in {value.dtype}"
+            f"Riccati coefficients are finite in {dtype}"
         )
+
+
+def _horner(value: Array, kind: str, order: int) -> Array:
+    """`P_order(value)` (sigmoid) / `Q_order(value)` (tanh) by Horner from the top; zero
+    coefficients are not skipped. Refuses an order whose coefficients overflow `value.dtype`."""
+    _check_finite_order(kind, order, value.dtype)
     coefficients = riccati_coefficients(kind, order)
     acc = jnp.full_like(value, float(coefficients[-1]))
     for c in reversed(coefficients[:-1]):
@@ -164,12 +169,7 @@ def _reduced_matrix(kind: str, order: int) -> np.ndarray:
 def _riccati_series(kind: str, native: Callable[[Array], Array]) -> Callable[[Array, Array], Array]:
     def plain(coefficients: Array, z: Array) -> Array:
         order = coefficients.shape[0] - 1
-        limit = _finite_tower_order(kind, coefficients.dtype)
-        if order > limit:
-            raise ValueError(
-                f"derivative order {order} of {kind} is above {limit}, the highest order whose "
-                f"Riccati coefficients are finite in {coefficients.dtype}"
-            )
+        _check_finite_order(kind, order, coefficients.dtype)
         value = native(z)
         if order == 0:
             return coefficients[0] * value
