@@ -132,3 +132,51 @@ def test_custom_ui_subclass_overrides_only_what_it_needs(oscillator, clean):
 def test_log_ui_rejects_a_bad_interval():
     with pytest.raises(ValueError, match="every must be at least 1"):
         hk.LogUI(every=0)
+
+
+def test_each_block_of_steps_read_is_announced_before_its_step_events(oscillator, clean):
+    ui = hk.RecordingUI()
+    train(oscillator, clean, quiet(steps=(7,), log_every=3), ui=ui)
+    names = [n for n, _ in ui.events if n in ("on_steps_read", "on_step_end")]
+    blocks = ui.of("on_steps_read")
+    assert [b["first_step"] for b in blocks] == [0] + [b["last_step"] + 1 for b in blocks[:-1]]
+    assert blocks[-1]["last_step"] == 6
+    # blocks of log_every (the last step of a phase reads whatever is left)
+    assert len(blocks) > 1 and blocks[0]["last_step"] == 2
+    expected = []
+    for b in blocks:
+        expected += ["on_steps_read"] + ["on_step_end"] * (b["last_step"] - b["first_step"] + 1)
+    assert names == expected
+
+
+def _rates(text: str) -> list[float]:
+    return [float(line.split(" steps/s")[0].split()[-1]) for line in text.splitlines()]
+
+
+@pytest.mark.parametrize("make_ui", ["log", "rich"])
+def test_a_display_times_a_block_of_steps_by_its_read_not_by_its_events(make_ui, monkeypatch):
+    # 50 steps that took 0.2 s reach the host in one read: their events come microseconds
+    # apart, and a rate timed by them would read thousands of steps per second.
+    import time
+
+    now = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    stream = io.StringIO()
+    ui = hk.LogUI(every=10, stream=stream)
+    if make_ui == "rich":
+        ui = hk.RichUI()
+    ui.on_run_start(total_steps=150, num_phases=1)
+    ui.on_phase_start(phase_idx=0, phase_steps=150, lr=0.1, optimizer="adam", start_step=0)
+    for first, at in ((0, 100.0), (50, 100.2)):
+        now[0] = at
+        ui.on_steps_read(first_step=first, last_step=first + 49)
+        for step in range(first, first + 50):
+            ui.on_step_end(step=step, phase_idx=0, loss=1.0, penalty=0.0)
+    if make_ui == "rich":
+        ui.on_run_end(final_loss=1.0)
+        assert ui._clock.rate() == pytest.approx(50 / 0.2)
+        assert ui._clock.eta() == pytest.approx(50 / 250)
+        return
+    rates = _rates(stream.getvalue().split("\n", 2)[2])  # after the run and phase lines
+    assert rates == [0.0] * 5 + [pytest.approx(250.0)] * 5
+    assert "ETA --:--" in stream.getvalue().splitlines()[2]

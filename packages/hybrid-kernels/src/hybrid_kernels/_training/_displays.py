@@ -21,28 +21,39 @@ def _format_effort(per_bucket: tuple[tuple[float, ...], ...]) -> str:
 
 
 class _Clock:
-    """Steps per second and ETA from the steps seen since the first step of the run."""
+    """Steps per second and ETA, measured between reads of steps from the device.
+
+    With `log_every=k` the trainer reads `k` steps in one transfer and their step events
+    arrive together: timing the events themselves would count a block that took seconds as
+    done in microseconds. The clock therefore times blocks, by the `on_steps_read` event that
+    precedes each: the rate is the steps read since the first block over the time since it
+    (0, unknown, until a second block arrives). A step event with no read announced (a caller
+    other than the trainer) is a block of its own.
+    """
 
     def __init__(self) -> None:
-        self.total = 0
-        self.done = 0
-        self.start: float | None = None
-        self.first_done = 0
+        self.reset(0)
 
     def reset(self, total: int) -> None:
-        self.total, self.done, self.start = total, 0, None
+        self.total, self.done = total, 0
+        self._first: tuple[float, int] | None = None  # (time, steps done) at the first block
+        self._block: tuple[float, int] | None = None  # the same at the newest block
+
+    def read(self, last_step: int) -> None:
+        self._block = (time.perf_counter(), last_step + 1)
 
     def tick(self, step: int) -> None:
         self.done = step + 1
-        if self.start is None:
-            self.start, self.first_done = time.perf_counter(), self.done
+        if self._block is None or self.done > self._block[1]:
+            self._block = (time.perf_counter(), self.done)
+        if self._first is None:
+            self._first = self._block
 
     def rate(self) -> float:
-        if self.start is None:
+        if self._first is None or self._block is None:
             return 0.0
-        elapsed = time.perf_counter() - self.start
-        steps = self.done - self.first_done
-        return steps / elapsed if elapsed > 0 and steps > 0 else 0.0
+        (start, first), (now, newest) = self._first, self._block
+        return (newest - first) / (now - start) if newest > first and now > start else 0.0
 
     def eta(self) -> float | None:
         rate = self.rate()
@@ -99,6 +110,9 @@ class LogUI(TrainingUI):
 
     def on_solver_steps(self, *, step: int, per_bucket: tuple[tuple[float, ...], ...]) -> None:
         self._per_bucket = per_bucket  # formatted only for the lines written
+
+    def on_steps_read(self, *, first_step: int, last_step: int) -> None:
+        self._clock.read(last_step)
 
     def _write(self, text: str) -> None:
         stream = sys.stdout if self.stream is None else self.stream
@@ -181,6 +195,9 @@ class RichUI(TrainingUI):
 
     def on_solver_steps(self, *, step: int, per_bucket: tuple[tuple[float, ...], ...]) -> None:
         self._per_bucket = per_bucket  # formatted only for the steps drawn
+
+    def on_steps_read(self, *, first_step: int, last_step: int) -> None:
+        self._clock.read(last_step)
 
     def on_run_start(self, *, total_steps: int, num_phases: int) -> None:
         from rich.console import Console

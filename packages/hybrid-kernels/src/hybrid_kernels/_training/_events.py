@@ -30,7 +30,8 @@ class TrainingUI:
     step in which some experiments' solves failed, `on_bad_step` for a skipped step and
     `on_validation` for each validation), `on_phase_end`; finally `on_run_end`.
     `on_message` may come at any time. With `log_every=k`, step events arrive in blocks of
-    `k`, but there is still exactly one per step.
+    `k`, but there is still exactly one per step; each block is announced by
+    `on_steps_read`, when it reaches the host (a display times the run by these).
     """
 
     def on_run_start(self, *, total_steps: int, num_phases: int) -> None:
@@ -58,6 +59,10 @@ class TrainingUI:
     def on_solver_steps(self, *, step: int, per_bucket: tuple[tuple[float, ...], ...]) -> None:
         """Solver effort of `step`, before its `on_step_end`: per bucket, `(mean accepted, max
         accepted, mean rejected, max rejected)` steps (see `LossHistory.solver_steps`)."""
+
+    def on_steps_read(self, *, first_step: int, last_step: int) -> None:
+        """Steps `first_step` to `last_step` (0-based, inclusive) reached the host in one read
+        now; their `on_step_end` events follow. Optional for a duck-typed UI."""
 
     def on_bad_step(self, *, step: int, phase_idx: int, loss: float) -> None:
         """Step `step` had a non-finite loss or gradient and was not applied."""
@@ -111,7 +116,7 @@ def _recorder(name: str):
     return method
 
 
-for _name in (*_EVENTS, "on_solver_steps"):
+for _name in (*_EVENTS, "on_solver_steps", "on_steps_read"):
     setattr(RecordingUI, _name, _recorder(_name))
 
 

@@ -90,6 +90,9 @@ def sync(setup: Setup, st: LoopState, *, keep: int = 0) -> bool:
             break
     ui, h = setup.ui, st.history
     on_effort = getattr(ui, "on_solver_steps", None)  # optional for duck-typed UIs
+    on_read = getattr(ui, "on_steps_read", None)
+    if on_read is not None:
+        on_read(first_step=read[0].step, last_step=read[-1].step)
     for p, ((stats, flags), effort) in zip(read, reports, strict=True):
         loss, pen, ok = float(stats[0]), float(stats[1]), stats[2]
         h.append(loss)
