@@ -278,8 +278,8 @@ class VelocityState(NamedTuple):
 
 
 def test_an_unknown_state_type_is_a_type_error_naming_it(pb):
-    state = optax.lbfgs().init(pb.parameters)
-    with pytest.raises(TypeError, match="ScaleByLBFGSState"):
+    state = optax.adafactor(1e-2).init(pb.parameters)
+    with pytest.raises(TypeError, match="FactoredState"):
         commit_pair(pb, state, state_adapter=cbo.commit_adapter())
     custom = VelocityState(jnp.asarray(1), pb.parameters)
     with pytest.raises(TypeError, match="VelocityState"):
@@ -316,3 +316,82 @@ def test_known_states_cover_every_field():
 def test_importing_the_package_does_not_import_optax():
     code = "import sys, confluent_bank; sys.exit(int('optax' in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# --- L-BFGS: its memory restarts -------------------------------------------------------
+
+
+@jax.jit
+def _lbfgs_step(bank, parameters, state):
+    """One `optax.lbfgs` step on `sum(bank(X)²)`, reading the line search's stored value."""
+
+    def value(p):
+        return jnp.sum(bank.with_parameters(p).forward(X) ** 2)
+
+    loss, grad = optax.value_and_grad_from_state(value)(parameters, state=state)
+    return optax.lbfgs().update(grad, state, parameters, value=loss, grad=grad, value_fn=value)
+
+
+@pytest.fixture(scope="module")
+def lbfgs_state(pb):
+    """An `optax.lbfgs` state after 3 line-searched steps (memory and line search full)."""
+    parameters = pb.parameters
+    state = optax.lbfgs().init(parameters)
+    for _ in range(3):
+        updates, state = _lbfgs_step(pb, parameters, state)
+        parameters = optax.apply_updates(parameters, updates)
+    return state
+
+
+def _zeros(tree):
+    return all(not np.any(np.asarray(leaf)) for leaf in jax.tree.leaves(tree))
+
+
+@pytest.mark.parametrize("transport", [True, False])
+def test_a_commit_restarts_the_lbfgs_memory_and_marks_the_line_search_value_stale(
+    pb, lbfgs_state, transport
+):
+    state = lbfgs_state
+    assert int(state[0].count) == 3 and not _zeros(state[0].diff_params_memory)
+    _, moved, accepted = commit_pair(
+        pb, state, state_adapter=cbo.commit_adapter(transport=transport)
+    )
+    assert accepted
+    memory, search = moved[0], moved[2]
+    assert int(memory.count) == 0
+    assert _zeros((memory.params, memory.updates, memory.diff_params_memory))
+    assert _zeros((memory.diff_updates_memory, memory.weights_memory))
+    assert np.isinf(np.asarray(search.value)) and _zeros(search.grad)
+    assert float(search.learning_rate) == float(state[2].learning_rate)  # kept
+
+
+def test_the_first_lbfgs_step_after_a_commit_is_a_fresh_lbfgs_first_step(pb, lbfgs_state):
+    bank, moved, _ = commit_pair(pb, lbfgs_state, state_adapter=cbo.commit_adapter())
+    fresh = optax.lbfgs().init(bank.parameters)
+    after = _lbfgs_step(bank, bank.parameters, moved)[0]
+    first = _lbfgs_step(bank, bank.parameters, fresh)[0]
+    for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(first), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_permutation_restarts_the_lbfgs_memory(pb, lbfgs_state):
+    state = lbfgs_state
+    _, moved = cb.permute_bank(
+        pb, (1, 0, 2, 3), state, between_steps=True, state_adapter=cbo.transport_adapter()
+    )
+    assert int(moved[0].count) == 0 and _zeros(moved[0].diff_updates_memory)
+    assert np.isinf(np.asarray(moved[2].value))
+
+
+def test_the_restart_and_stale_roles_teach_a_new_memory_state(pb):
+    class Memory(NamedTuple):
+        count: jax.Array
+        last_value: jax.Array
+        history: dict
+
+    state = Memory(jnp.asarray(5), jnp.asarray(2.0), jax.tree.map(jnp.ones_like, pb.parameters))
+    adapter = cbo.commit_adapter(
+        parities={Memory: {"count": "restart", "last_value": "stale", "history": "restart"}}
+    )
+    _, moved, _ = commit_pair(pb, state, state_adapter=adapter)
+    assert int(moved.count) == 0 and np.isinf(float(moved.last_value)) and _zeros(moved.history)

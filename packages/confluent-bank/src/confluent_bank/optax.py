@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from confluent_bank._bank import ConfluentPackBank
@@ -90,6 +91,30 @@ _KNOWN_BY_NAME: dict[str, dict[str, str]] = {
         "acc_grads": "odd",
         "skip_state": "keep",
     },
+    # L-BFGS's curvature pairs were measured in the coordinates a transition changes: its
+    # memory restarts (the next step is a scaled gradient step, as its first was).
+    "ScaleByLBFGSState": {
+        "count": "restart",
+        "params": "restart",
+        "updates": "restart",
+        "diff_params_memory": "restart",
+        "diff_updates_memory": "restart",
+        "weights_memory": "restart",
+    },
+    # A line search's stored objective and gradient are those of the parameters before the
+    # transition: marked absent (value +inf), so `optax.value_and_grad_from_state` recomputes.
+    "ScaleByZoomLinesearchState": {
+        "learning_rate": "keep",
+        "value": "stale",
+        "grad": "restart",
+        "info": "keep",
+    },
+    "ScaleByBacktrackingLinesearchState": {
+        "learning_rate": "keep",
+        "value": "stale",
+        "grad": "restart",
+        "info": "keep",
+    },
 }
 
 KNOWN_STATE_PARITIES: dict[type, dict[str, str]] = {
@@ -99,9 +124,12 @@ KNOWN_STATE_PARITIES: dict[type, dict[str, str]] = {
 `"odd"` (a linear gradient statistic: carried linearly, sign-flipped by a tanh relabel),
 `"even"` (quadratic or absolute: carried by a bound, never flipped), `"warmup"` (warm-up
 counters: restarted for fresh coordinates), `"keep"` (counts, hyperparameters: untouched),
-`"state"` (a nested optax state) or `"states"` (a mapping or sequence of nested states)."""
+`"state"` (a nested optax state), `"states"` (a mapping or sequence of nested states),
+`"restart"` (memory that a change of coordinates invalidates, such as L-BFGS's curvature
+pairs: set to zeros, counts to 0, for the whole state, bank or not) or `"stale"` (a stored
+objective value: set to `+inf`, which optax's line searches read as not yet computed)."""
 
-_ROLES = frozenset({"odd", "even", "warmup", "keep", "state", "states"})
+_ROLES = frozenset({"odd", "even", "warmup", "keep", "state", "states", "restart", "stale"})
 
 # A function of (bank-shaped node's arrays by block name, parity) returning the new arrays.
 _RowOp = Callable[[dict[str, Any], str], dict[str, Any]]
@@ -159,9 +187,8 @@ class _Walk:
             raise TypeError(
                 f"confluent_bank.optax cannot adapt optimizer state of type "
                 f"{kind.__module__}.{kind.__qualname__} (at {where or 'the root'}); pass "
-                "parities={type: {field: 'odd'|'even'|'warmup'|'keep'|'state'|'states'}} or an "
-                "explicit "
-                "adapter function"
+                "parities={type: {field: 'odd'|'even'|'warmup'|'keep'|'state'|'states'|"
+                "'restart'|'stale'}} or an explicit adapter function"
             )
         fields = getattr(type(state), "_fields", None)
         if fields is None:
@@ -181,6 +208,10 @@ class _Walk:
                 updates[field] = self.state(value, at)
             elif role == "states":
                 updates[field] = self.states(value, at)
+            elif role == "restart":
+                updates[field] = jax.tree.map(jnp.zeros_like, value)
+            elif role == "stale":
+                updates[field] = jax.tree.map(lambda x: jnp.full_like(x, jnp.inf), value)
         return state._replace(**updates) if updates else state
 
     def states(self, value: Any, where: str) -> Any:
