@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import confluent_bank as cb
+import confluent_bank._growing as growing
 
 optax = pytest.importorskip("optax")
 import confluent_bank.optax as cbo  # noqa: E402
@@ -160,6 +161,22 @@ def test_one_birth_per_check_with_births_1():
     )
     _check(hook, _bank(ZERO_PAIR), [1, 2])
     assert [e.kind for e in hook.events] == ["zero_output_birth", "newborn_weight"]
+
+
+@pytest.mark.parametrize("line_search", [False, True])
+def test_a_newborn_left_at_weight_zero_ends_the_checks_births(line_search, monkeypatch):
+    # Left at 0 (no line search, or one that found no lower objective) the newborn changes
+    # nothing, so every score is as it was and a second birth would copy the first.
+    if line_search:
+        monkeypatch.setattr(growing, "newborn_weight", lambda loss_at, value, g: (0.0, value))
+    target = 0.7 * _atom(0.43) - 0.6 * _atom(-1.6)
+    hook = cb.TransitionHook.growing(
+        _objective(target), DOMAIN, every=1, plateau=np.inf, scales=(SCALE,), births=3,
+        line_search=line_search,
+    )  # fmt: skip
+    bank = _check(hook, _bank(ZERO_PAIR), [1, 2])
+    assert [e.kind for e in hook.events] == ["zero_output_birth"]
+    assert int(np.sum(np.asarray(bank.active))) == 3
 
 
 def test_colliding_atoms_are_merged_into_a_pair():
@@ -333,6 +350,7 @@ def test_load_state_dict_refuses_a_foreign_state():
 FLOAT32_CHILD = """
 import json, jax, jax.numpy as jnp, numpy as np, optax
 import confluent_bank as cb
+import confluent_bank._growing as growing
 assert not jax.config.jax_enable_x64
 X = jnp.linspace(-3, 3, 61)
 Y = 0.7 * jax.nn.sigmoid(2.0 * (X - 0.43))

@@ -286,10 +286,13 @@ class GrowingHook(TransitionHook):
             best = self._best_candidate(leaves, treedef, banks)
             if best is None or not best[0] > 0 or (first is not None and best[0] < first / 2):
                 break
-            state, value, born = self._birth(step, leaves, treedef, banks, state, value, best)
-            if not born:
+            state, after, born = self._birth(step, leaves, treedef, banks, state, value, best)
+            if not born or not after < value:
+                # No birth, or a newborn left at weight 0 (no line search, or none that
+                # lowered the objective): the objective and so every score are as they were,
+                # and the next birth would be a copy of this one.
                 break
-            first = best[0] if first is None else first
+            first, value = (best[0] if first is None else first), after
         return state
 
     def _best_candidate(
