@@ -193,3 +193,28 @@ def test_a_run_resumed_mid_growth_ends_like_the_uninterrupted_one(problem, grown
     assert float(objective((resumed.bank,))) == pytest.approx(
         float(objective((grown.bank,))), rel=1e-9
     )
+
+
+def test_a_bank_keeps_growing_through_adam_then_lbfgs(problem):
+    # The field's recipe: Adam, then L-BFGS. A birth in the L-BFGS phase restarts its
+    # curvature memory (confluent_bank.optax), and the run goes on to a lower loss.
+    hook = cb.TransitionHook.growing(
+        problem["objective"], problem["domain"], every=10, plateau=float("inf"), births=1
+    )
+    history, trained = hk.train_with_optax(
+        (two_atoms(),),
+        problem["dataset"],
+        hk.OptaxTrainingConfig(
+            steps=(20, 20), lr=(0.05, 1.0), optimizer=("adam", "lbfgs"), verbose=False
+        ),
+        simulate_fn=P.simulate,
+        state_to_output=P.state_to_output,
+        solver=problem["solver"],
+        trainable=problem["trainable"],
+        key=jax.random.key(0),
+        hooks=hook,
+    )
+    lbfgs_births = [e.step for e in _births(Run(history, trained[0], hook, None)) if e.step > 20]
+    assert lbfgs_births == [30]
+    losses = np.asarray(history)
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[20]
