@@ -8,7 +8,10 @@ here), the bank uses 1e-2 with `row_warmup` (not tuned per curve). The hand-writ
 `hook.between_steps(step, bank, opt_state)` after every step, as any trainer would.
 
 Run: `python benchmarks/growing_bank.py [--curve NAME] [--plot growing.png]`; `--quick` runs
-1000 steps (a smoke test). Prints each model's loss, the ratio and the bank's decisions.
+1000 steps (a smoke test). Prints each model's loss, the ratio and the bank's decisions. The
+ratio is taken after the last step (the target's terms) and, since Adam at these learning
+rates spikes now and then (a last step inside a spike is a matter of luck), also between
+the medians of the last 100 steps' losses.
 """
 
 from __future__ import annotations
@@ -35,7 +38,13 @@ CURVES = {
     "wave": lambda x: jnp.sin(2.0 * x) * jnp.exp(-0.1 * x**2),
     "kink": lambda x: jnp.abs(x - 0.5) * 0.3 + 0.2 * jnp.tanh(4 * (x + 1.5)),
     "ripple": lambda x: 0.3 * jnp.sin(3.0 * x) + 0.05 * x**2,
+    # Added after the policy's defaults were chosen on the four above (held out from them).
+    "gauss": lambda x: 0.8 * jnp.exp(-4.0 * x**2),
+    "smooth_step": lambda x: 0.5 * jnp.tanh(6.0 * x) + 0.1 * x,
+    "cubic": lambda x: 0.05 * x**3 - 0.4 * x,
+    "sine4": lambda x: 0.4 * jnp.sin(4.0 * x),
 }
+TAIL = 100  # Adam at these rates spikes now and then: the median over the last steps is robust
 
 
 def mlp_init(key: jax.Array) -> list[tuple[jax.Array, jax.Array]]:
@@ -76,15 +85,16 @@ def fit(loss, model, optimizer, steps: int, hook=None, split=lambda m: m, merge=
     return model, np.asarray(jax.device_get(losses)), step
 
 
-def run_mlp(target: jax.Array, steps: int) -> tuple[float, float, list]:
+def run_mlp(target: jax.Array, steps: int) -> tuple[float, float, list, float]:
+    """The best learning rate's `(final loss, lr, params, median of the last TAIL losses)`."""
     best = None
     for lr in (3e-3, 1e-2, 3e-2):
         loss = lambda p: jnp.mean((mlp(p, X) - target) ** 2)  # noqa: E731
-        params, _losses, _ = fit(loss, mlp_init(jax.random.PRNGKey(0)), optax.adam(lr), steps)
-        final = float(loss(params))
-        print(f"  MLP lr={lr:g}: final MSE {final:.3e}")
+        params, losses, _ = fit(loss, mlp_init(jax.random.PRNGKey(0)), optax.adam(lr), steps)
+        final, tail = float(loss(params)), float(np.median(losses[-TAIL:]))
+        print(f"  MLP lr={lr:g}: final MSE {final:.3e}, median of the last {TAIL} {tail:.3e}")
         if best is None or final < best[0]:
-            best = (final, lr, params)
+            best = (final, lr, params, tail)
     return best
 
 
@@ -126,10 +136,11 @@ def main() -> None:
     for name in names:
         target = CURVES[name](X)
         print(f"[{name}] MLP 1-16-16-1 tanh, Adam, {steps} steps")
-        mlp_loss, lr, params = run_mlp(target, steps)
+        mlp_loss, lr, params, mlp_tail = run_mlp(target, steps)
         print(f"[{name}] growing bank from 2 atoms, Adam 1e-2 + row_warmup(100), {steps} steps")
         start = time.perf_counter()
-        bank_loss, bank, hook, _losses, traces = run_bank(target, steps, args.every)
+        bank_loss, bank, hook, losses, traces = run_bank(target, steps, args.every)
+        tail = float(np.median(losses[-TAIL:])) / mlp_tail
         seconds = time.perf_counter() - start
         active = int(np.sum(np.asarray(bank.active)))
         for e in hook.events:
@@ -138,17 +149,22 @@ def main() -> None:
                 f"score={e.score:.3g} loss={e.loss_before:.3e}"
             )
         ratio = bank_loss / mlp_loss
-        summary.append((name, mlp_loss, lr, bank_loss, active, ratio, traces, seconds))
+        summary.append((name, mlp_loss, lr, bank_loss, active, ratio, tail, traces, seconds))
         if args.plot:
             path = pathlib.Path(args.plot)
             path = path if len(names) == 1 else path.with_name(f"{path.stem}_{name}{path.suffix}")
             plot(str(path), name, target, params, bank)
-    print("\nsummary (ratio = bank MSE / MLP MSE; target <= 1.5 with <= 16 slots)")
-    for name, m, lr, b, active, ratio, traces, seconds in summary:
+    print(
+        "\nsummary (ratio = bank MSE / MLP MSE after the last step; tail = the same for the "
+        f"medians of the last {TAIL} steps' losses; target <= 1.5 with <= 16 slots)"
+    )
+    for name, m, lr, b, active, ratio, tail, traces, seconds in summary:
         print(
-            f"  {name:10s} MLP {m:.3e} (lr {lr:g})  bank {b:.3e} with {active} active slots  "
-            f"ratio {ratio:.2f}  step compiled {traces}x  bank run {seconds:.1f} s"
+            f"  {name:11s} MLP {m:.3e} (lr {lr:g})  bank {b:.3e} with {active} active slots  "
+            f"ratio {ratio:.2f}  tail {tail:.2f}  step compiled {traces}x  bank run {seconds:.1f} s"
         )
+    met = sum(ratio <= 1.5 for *_, ratio, _tail, _t, _s in summary)
+    print(f"  target met on {met} of {len(summary)} curves (last step)")
 
 
 def plot(path: str, name: str, target, params, bank) -> None:
