@@ -179,6 +179,64 @@ def test_a_newborn_left_at_weight_zero_ends_the_checks_births(line_search, monke
     assert int(np.sum(np.asarray(bank.active))) == 3
 
 
+def _ramped_checks(hook, bank, steps, warmup):
+    """Call the hook at `steps` with `row_warmup(adam, warmup)` making one zero-gradient
+    update after each check (enough to advance its ramps); returns the bank."""
+    optimizer = cbo.row_warmup(optax.adam(1e-2), steps=warmup)
+    state = optimizer.init(bank.parameters)
+    for step in steps:
+        bank, state = hook.between_steps(step, bank, state)
+        zeros = jax.tree.map(jnp.zeros_like, bank.parameters)
+        _, state = optimizer.update(zeros, state, bank.parameters)
+    return bank
+
+
+# Two atoms that stay (a removal restarts its freed rows' ramps too).
+KEPT_PAIR = [cb.RefinedPack(0, -2.9, 0.3, 1.0), cb.RefinedPack(0, 2.9, -0.3, 1.0)]
+
+
+def test_births_wait_until_the_newborns_ramp_is_done():
+    target = 0.7 * _atom(0.43) - 0.6 * _atom(-1.6)
+    hook = cb.TransitionHook.growing(
+        _objective(target), DOMAIN, every=1, plateau=np.inf, scales=(SCALE,), births=1
+    )
+    _ramped_checks(hook, _bank(KEPT_PAIR), range(1, 9), warmup=3)
+    births = [e.step for e in hook.events if e.kind == "zero_output_birth"]
+    # Born at 2; its rows restart at 0 and count 1, 2 at checks 3, 4; warm (3) at check 5.
+    assert births == [2, 5, 8]
+
+
+def test_a_stop_waits_until_the_newborns_ramp_is_done():
+    # The newborn stays at weight 0 and so cannot pay off: the first check at which it is
+    # warm (and at least two checks old) stops growth; while it ramps in, nothing is decided.
+    kept = _bank(KEPT_PAIR)
+    target = kept.forward(X) + 1e-3 * _atom(0.43)
+    hook = cb.TransitionHook.growing(
+        _objective(target), DOMAIN, every=1, plateau=np.inf, scales=(SCALE,), births=1,
+        line_search=False, prune_checks=100,
+    )  # fmt: skip
+    _ramped_checks(hook, kept, range(1, 12), warmup=5)
+    assert [(e.step, e.kind) for e in hook.events] == [
+        (2, "zero_output_birth"),
+        (7, "stop_growing"),
+    ]
+
+
+def test_ramping_in_reads_row_warmup_counters():
+    from confluent_bank._newborn import ramping_in
+
+    bank = _bank(ZERO_PAIR)
+    optimizer = cbo.row_warmup(optax.adam(1e-2), steps=2)
+    state = optimizer.init(bank.parameters)
+    assert not ramping_in(state) and not ramping_in(optax.adam(1e-2).init(bank.parameters))
+    born = state._replace(ramp={**state.ramp, "weights": state.ramp["weights"].at[2].set(0)})
+    assert ramping_in(born) and ramping_in((optax.EmptyState(), born))
+    zeros = jax.tree.map(jnp.zeros_like, bank.parameters)
+    for expected in (True, False):
+        _, born = optimizer.update(zeros, born, bank.parameters)
+        assert ramping_in(born) == expected
+
+
 def test_colliding_atoms_are_merged_into_a_pair():
     packs = [cb.RefinedPack(0, 0.0, 1.0, 1.0), cb.RefinedPack(0, 0.01, -0.5, 1.0)]
     hook = cb.TransitionHook.growing(_objective(_target(0.0)), DOMAIN, every=1, max_active=2)

@@ -5,6 +5,7 @@ evaluates the objective once and decides, in this order: remove atoms whose cont
 stayed near zero, merge colliding atoms into centred pairs, and, when training has
 plateaued, birth the candidate atoms whose zero weights have the largest normalised gradient
 (up to `births` per check), each newborn's weight then set by a line search (`_newborn.py`).
+Births and the decision to stop wait while a `row_warmup` still ramps newborns in.
 Every transition is one of the bank's own exact (or bounded) commits, so shapes never change
 and nothing recompiles; every decision is a `TransitionEvent` with its score.
 """
@@ -26,7 +27,7 @@ from confluent_bank._candidates import CandidateScorer
 from confluent_bank._commit import detect_transitions
 from confluent_bank._hook import TransitionEvent, TransitionHook, _is_bank
 from confluent_bank._host import HostView, transaction
-from confluent_bank._newborn import Unseeded, newborn_weight
+from confluent_bank._newborn import Unseeded, newborn_weight, ramping_in
 from confluent_bank._pruning import _quiet_counts, _removal, _removal_acceptance
 from confluent_bank._records import RefinedPack, SlotMode
 
@@ -267,6 +268,8 @@ class GrowingHook(TransitionHook):
         previous = self._previous  # the lowest objective since the last birth
         self._previous = value if previous is None else min(previous, value)
         self._since_birth += 1
+        if ramping_in(state):
+            return state  # a newborn ramping in has not shown its worth: judge it once warm
         if self._stopped or previous is None or previous - value > self.plateau * abs(previous):
             return state  # stopped, no reference yet, or still improving
         # A newborn gets two checks to pay off before the policy judges it.

@@ -192,10 +192,16 @@ class TransitionHook:
            the scoring) and one trial point (at most two evaluations; kept only if the
            objective falls): an event of kind `"newborn_weight"`. Up to `births` atoms are
            born per check, each scored afresh after the previous one's line search, while
-           the best score is at least half the check's first;
+           the best score is at least half the check's first and each newborn's line search
+           lowered the objective;
         4. **stops** growing for good when, on a plateau at least two checks after the last
            birth, the objective's lowest value is less than `stop_tol` (relative) below its
            value at that birth: the last atom did not pay off. Removals and merges go on.
+
+        Births and the stop wait while a `row_warmup` in the optimiser state still ramps a
+        restarted coordinate in: until its ramp is done, a newborn has not shown its worth,
+        and a plateau then would fill the slots with atoms scored against a fit that the
+        last ones have not yet changed.
 
         Each decision is a `TransitionEvent` whose `score` says why (see `TransitionEvent`);
         a stop is an event of kind `"stop_growing"` with no slots. The optimiser moves a

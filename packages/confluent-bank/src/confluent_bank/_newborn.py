@@ -7,7 +7,9 @@ barely started. One trial point and a parabola through `L(0)`, `L'(0) = g` and `
 it near its best value at the price of at most two objective evaluations; the weight moves
 only when the objective falls, so a line search never makes the objective worse.
 
-Its optimizer moments start at zero (`Unseeded`), not seeded from its siblings.
+Its optimizer moments start at zero (`Unseeded`), not seeded from its siblings, and a
+`row_warmup` ramps its updates in: until that ramp is done, the newborn has not yet shown
+what it does (`ramping_in`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
+
+import jax
+import numpy as np
 
 
 def newborn_weight(
@@ -77,3 +82,23 @@ class Unseeded:
 
     def carry_transition(self, state: Any, bank: Any, carry: Any) -> Any:
         return self.inner.carry_transition(state, bank, dataclasses.replace(carry, seeds=()))
+
+
+def ramping_in(opt_state: Any) -> bool:
+    """Whether a `row_warmup` in `opt_state` is still ramping in a restarted coordinate.
+
+    `confluent_bank.optax.RowWarmupState` is found by its type's name and its `ramp` tree, so
+    this module imports no optax. Warm coordinates' counters sit at the ramp's `steps` and
+    restarted ones count up to it, so a coordinate is ramping while its counter is below the
+    largest counter of its state.
+    """
+
+    def is_warmup(node: Any) -> bool:
+        return type(node).__name__ == "RowWarmupState" and hasattr(node, "ramp")
+
+    for node in jax.tree_util.tree_leaves(opt_state, is_leaf=is_warmup):
+        if is_warmup(node):
+            ramps = [np.asarray(r) for r in jax.tree_util.tree_leaves(node.ramp) if np.size(r)]
+            if ramps and min(int(r.min()) for r in ramps) < max(int(r.max()) for r in ramps):
+                return True
+    return False
