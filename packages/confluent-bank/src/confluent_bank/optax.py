@@ -22,7 +22,9 @@ through the transition's change of coordinates (a `TransitionCarry`: first momen
 exactly through the Jacobian, second moments by a bound) and the warm-up counters of fresh
 coordinates restart; both transports permute the rows and sign-flip the relabelled
 `weights`/`scales` rows of odd moments (`mu`, `trace`; never `nu`). Step counts,
-hyperparameters and everything outside the bank are returned unchanged. A state type the
+hyperparameters and everything outside the bank are returned unchanged, except memory that
+any change of coordinates invalidates: `optax.lbfgs` restarts its curvature memory, for the
+whole model, and its line search's stored value is marked absent. A state type the
 adapters do not know raises `TypeError` naming it; teach them with `parities=`.
 
 Requires `pip install "confluent-bank[optax]"`; `import confluent_bank` never imports optax.
@@ -330,7 +332,8 @@ def commit_adapter(
     bank-shaped node through the transition's change of coordinates (see `TransitionCarry`):
     odd moments exactly through the Jacobian, even ones by the
     Cauchy–Schwarz bound; fresh coordinates (a birth's slot, a pair's `directions`) start at
-    zero and their `row_warmup` counters restart. Step counts and everything else are kept.
+    zero and their `row_warmup` counters restart. Step counts and everything else are kept
+    (but `optax.lbfgs` restarts its memory, see the module docstring).
     Called directly as `adapter(state, bank, slots)` (without a carry), or with
     `transport=False`, it zeroes the affected rows instead (the earlier behaviour).
 
@@ -362,7 +365,8 @@ def transport_adapter(
 
     Permutes the rows of the bank-shaped node in every moment tree, and for a tanh relabel
     negates the relabelled `weights`/`scales` rows of odd moment trees (`mu`, `trace`) but
-    not of even ones (`nu`). Step counts and everything else are kept.
+    not of even ones (`nu`). Step counts and everything else are kept (but `optax.lbfgs`
+    restarts its memory).
 
     **Arguments:**
 
