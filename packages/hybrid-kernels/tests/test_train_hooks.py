@@ -151,3 +151,6 @@ def test_an_error_in_a_hook_propagates_and_closes_the_ui_run(clean):
     with pytest.raises(RuntimeError, match="hook failed"):
         flag_train(clean, flag_config(steps=(3,)), hooks=boom, ui=ui)
     assert ui.events[-1] == ("on_run_end", {"final_loss": pytest.approx(float("nan"), nan_ok=True)})
+    # The display's last message names the error, so its end does not read as a finished run.
+    stopped = "training stopped by RuntimeError after 1 step"
+    assert ui.events[-2] == ("on_message", {"text": stopped})

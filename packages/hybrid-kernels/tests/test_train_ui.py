@@ -78,6 +78,29 @@ def test_log_ui_writes_every_k_steps_to_its_stream(oscillator, clean):
     assert steps == ["2/6", "4/6", "6/6"]
 
 
+def test_log_ui_ends_a_run_stopped_by_an_error_without_saying_done(oscillator, clean):
+    stream = io.StringIO()
+
+    def boom(step, predictors, opt_state):
+        raise RuntimeError("hook failed")
+
+    with pytest.raises(RuntimeError, match="hook failed"):
+        train(oscillator, clean, quiet(steps=(3,)), ui=hk.LogUI(stream=stream), hooks=boom)
+    lines = stream.getvalue().splitlines()
+    assert lines[-2:] == ["training stopped by RuntimeError after 1 step", "stopped: no final loss"]
+    assert "done" not in stream.getvalue()
+
+
+def test_rich_ui_ends_a_run_stopped_by_an_error_without_saying_done():
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    ui = hk.RichUI(console=Console(file=buffer, force_terminal=True, width=160))
+    ui.on_run_start(total_steps=3, num_phases=1)
+    ui.on_run_end(final_loss=float("nan"))
+    assert "stopped: no final loss" in buffer.getvalue() and "done" not in buffer.getvalue()
+
+
 def test_rich_ui_shows_phase_step_loss_rate_eta_and_compile_progress(oscillator, clean):
     from rich.console import Console
 

@@ -3,6 +3,7 @@ dashboard on a terminal)."""
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import Any, TextIO
@@ -165,7 +166,14 @@ class LogUI(TrainingUI):
         self._write(text)
 
     def on_run_end(self, *, final_loss: float) -> None:
-        self._write(f"done: final loss {final_loss:.6g}")
+        self._write(_end_line(final_loss, ".6g"))
+
+
+def _end_line(final_loss: float, spec: str) -> str:
+    """The display's last line; a run stopped by an error has no final loss (NaN)."""
+    if math.isnan(final_loss):
+        return "stopped: no final loss"
+    return f"done: final loss {final_loss:{spec}}"
 
 
 _REDRAW_SECONDS = 0.05
@@ -285,6 +293,6 @@ class RichUI(TrainingUI):
 
     def on_run_end(self, *, final_loss: float) -> None:
         if self._progress is not None:
-            self._progress.console.log(f"done: final loss {final_loss:.4e}")
+            self._progress.console.log(_end_line(final_loss, ".4e"))
             self._progress.stop()
             self._progress = None

@@ -120,6 +120,10 @@ def train(setup: Setup, predictors: Any, *, tournament: bool) -> RunResult:
         return RunResult(st.history, final, final_loss)
     except BaseException as error:
         if not st.ended:  # close a live display on any error (Ctrl-C included)
+            # Said before the display closes: without it, its last line would read as a run
+            # that ended normally (with no final loss), above the traceback.
+            steps = f"{st.done} step" + ("" if st.done == 1 else "s")
+            ui.on_message(text=f"training stopped by {type(error).__name__} after {steps}")
             end_run(setup, st, float("nan"))
         if isinstance(error, RowSolveError):  # a throw=True solve: say which experiment failed
             named = name_failed_experiments(error, (setup.dataset, setup.val_dataset), setup.where)
