@@ -125,9 +125,29 @@ def test_the_line_search_keeps_weight_zero_when_no_weight_lowers_the_objective()
         return 1.0 + weight**2  # any move from 0 is worse: the gradient was wrong
 
     assert newborn_weight(worse, 1.0, 0.5) == (0.0, 1.0)
-    assert calls == [-2.0, -0.2]  # the trial point, then the parabola's minimum
+    assert calls == [-2.0, -0.5, -0.125, -0.03125]  # the trial point, then three quarters
     assert newborn_weight(lambda weight: float("nan"), 1.0, 0.5) == (0.0, 1.0)
-    assert newborn_weight(worse, 1.0, 0.0) == (0.0, 1.0) and len(calls) == 2
+    assert newborn_weight(worse, 1.0, 0.0) == (0.0, 1.0) and len(calls) == 4
+
+
+def test_the_line_search_backtracks_from_a_trial_that_blows_up_instead_of_a_tiny_weight():
+    from confluent_bank._newborn import newborn_weight
+
+    def blows_up(weight):
+        # Quadratic near 0, but past 0.3 the model is unstable (an ODE whose solution
+        # explodes): a parabola through the trial point 1 would give a weight of 5e-13.
+        return 1.0 - weight + weight**2 / 2 if weight <= 0.3 else 1e12
+
+    weight, value = newborn_weight(blows_up, 1.0, -1.0)
+    assert weight == 0.25  # the first quarter; the parabola's minimum (1) blows up too
+    assert value == blows_up(0.25) < 1.0
+
+
+def test_the_line_search_refuses_a_decrease_smaller_than_armijos():
+    from confluent_bank._newborn import newborn_weight
+
+    # Every trial lowers the objective, but by rounding only: no weight is worth it.
+    assert newborn_weight(lambda weight: 1.0 - 1e-15, 1.0, -1.0) == (0.0, 1.0)
 
 
 def test_several_atoms_are_born_in_one_check_while_their_scores_stay_large():

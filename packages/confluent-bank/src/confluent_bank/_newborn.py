@@ -3,8 +3,9 @@
 A birth is exact (weight 0), and the scoring pass already gave the objective's derivative
 `g` with respect to the newborn weight. Left at 0, the optimiser needs some tens of steps to
 move the weight to where it helps, and a check later the policy may judge an atom that has
-barely started. One trial point and a parabola through `L(0)`, `L'(0) = g` and `L(w₁)` put
-it near its best value at the price of at most two objective evaluations; the weight moves
+barely started. A trial point (backtracked until the objective falls enough) and a parabola
+through `L(0)`, `L'(0) = g` and `L(w₁)` put it near its best value at the price of two
+objective evaluations where the trial is good and at most five otherwise; the weight moves
 only when the objective falls, so a line search never makes the objective worse.
 
 Its optimizer moments start at zero (`Unseeded`), not seeded from its siblings, and a
@@ -22,6 +23,11 @@ from typing import Any
 import jax
 import numpy as np
 
+SUFFICIENT_DECREASE = 1e-4
+"""Armijo's constant: a trial weight `w` is kept when `L(w) ≤ L(0) + 1e-4 · g · w`."""
+BACKTRACKS = 3
+"""Trial points after the first, each a quarter of the one before (down to 1/64 of it)."""
+
 
 def newborn_weight(
     loss_at: Callable[[float], float], value: float, gradient: float
@@ -35,19 +41,33 @@ def newborn_weight(
     - `value`: `loss_at(0.0)`, already known.
     - `gradient`: `d loss_at / dw` at 0, already known (the scoring pass).
 
-    The trial point `w₁ = −value / gradient` is where the first-order model of the objective
-    reaches zero: for a loss `≥ 0` that is quadratic in `w` it is at least half the minimiser,
-    so the parabola through `(0, value)` with slope `gradient` and `(w₁, loss_at(w₁))` has its
-    minimum `w* = −gradient / curvature` in the right place; `w*` is then evaluated once and
-    the lowest of `0`, `w₁` and `w*` is kept. A non-finite objective counts as no better.
+    The first trial point `w₁ = −value / gradient` is where the first-order model of the
+    objective reaches zero: for a loss `≥ 0` that is quadratic in `w` it is at least half
+    the minimiser. Until a trial point decreases the objective sufficiently (Armijo:
+    `L(w) ≤ value + 1e-4 · gradient · w`), the next is a quarter of it, `BACKTRACKS` times;
+    if none does, the weight stays 0. The parabola through `(0, value)` with slope
+    `gradient` and the accepted `(w, L(w))` has its minimum `w* = −gradient / curvature`
+    (for a quadratic objective the exact minimiser); `w*` is evaluated once and kept if it is
+    lower. A non-finite objective counts as no better.
+
+    The backtracking is what keeps a newborn's weight meaningful where the objective is far
+    from quadratic: in an ODE, a first trial that destabilises the solution gives a huge
+    objective, and a parabola through it a weight of ~1e-15 that lowers the objective by
+    rounding only (seen: identical newborns born one after the other, each "lowering" the
+    objective, until a merge removed them). An accepted trial bounds the curvature, so
+    `|w*| ≥ |w| / 2`.
     """
     if not (math.isfinite(value) and math.isfinite(gradient)) or gradient == 0 or value <= 0:
         return 0.0, value
-    best = (0.0, value)
     trial = -value / gradient
-    at_trial = loss_at(trial)
-    if math.isfinite(at_trial) and at_trial < best[1]:
-        best = (trial, at_trial)
+    for _ in range(BACKTRACKS + 1):
+        at_trial = loss_at(trial)
+        if math.isfinite(at_trial) and at_trial <= value + SUFFICIENT_DECREASE * gradient * trial:
+            break
+        trial /= 4.0
+    else:
+        return 0.0, value
+    best = (trial, at_trial)
     curvature = 2.0 * (at_trial - value - gradient * trial) / trial**2
     if math.isfinite(curvature) and curvature > 0:
         weight = -gradient / curvature
