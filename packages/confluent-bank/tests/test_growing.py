@@ -150,6 +150,28 @@ def test_the_line_search_refuses_a_decrease_smaller_than_armijos():
     assert newborn_weight(lambda weight: 1.0 - 1e-15, 1.0, -1.0) == (0.0, 1.0)
 
 
+def test_newborns_get_real_weights_where_a_large_weight_destabilises_the_model():
+    # Past |f| = 0.15 the model "explodes" (an ODE whose solution blows up): the first trial
+    # weight of every candidate lands there. The parabola through it used to give weights
+    # near 1e-15 that lowered the objective by rounding only, and three copies of the first
+    # newborn were born at one check.
+    target = 0.7 * _atom(0.43) - 0.6 * _atom(-1.6)
+
+    def objective(bank):
+        f = bank.forward(X)
+        return jnp.where(jnp.max(jnp.abs(f)) > 0.15, 1e12, jnp.mean((f - target) ** 2))
+
+    hook = cb.TransitionHook.growing(
+        objective, DOMAIN, every=1, plateau=np.inf, scales=(SCALE,), births=3
+    )
+    _check(hook, _bank(ZERO_PAIR), [1, 2])
+    weights = [e for e in hook.events if e.kind == "newborn_weight"]
+    assert len(weights) == 3
+    for event in weights:
+        assert abs(event.score) > 1e-3
+        assert event.loss_after < 0.9 * event.loss_before
+
+
 def test_several_atoms_are_born_in_one_check_while_their_scores_stay_large():
     target = 0.7 * _atom(0.43) - 0.6 * _atom(-1.6)
     hook = cb.TransitionHook.growing(
