@@ -189,8 +189,9 @@ class TransitionHook:
            `|∂objective/∂w| / ‖φ‖`: the first-order gain of the candidate atom `φ` scaled to
            unit RMS over the domain. With `line_search`, the newborn's weight then moves from
            0 to the minimum of a parabola through the objective at 0, its gradient there (from
-           the scoring) and one trial point (at most two evaluations; kept only if the
-           objective falls): an event of kind `"newborn_weight"`. Up to `births` atoms are
+           the scoring) and one trial point, cut to a quarter until it lowers the objective
+           by Armijo's rule (two evaluations, at most five; kept only if the objective
+           falls): an event of kind `"newborn_weight"`. Up to `births` atoms are
            born per check, each scored afresh after the previous one's line search, while
            the best score is at least half the check's first and each newborn's line search
            lowered the objective;
