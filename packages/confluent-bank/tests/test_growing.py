@@ -125,7 +125,9 @@ def test_the_line_search_keeps_weight_zero_when_no_weight_lowers_the_objective()
         return 1.0 + weight**2  # any move from 0 is worse: the gradient was wrong
 
     assert newborn_weight(worse, 1.0, 0.5) == (0.0, 1.0)
-    assert calls == [-2.0, -0.5, -0.125, -0.03125]  # the trial point, then three quarters
+    # The trial point (it more than doubled the objective: a quarter of it next), then
+    # the minima of the parabolas through the value, the slope and the last trial.
+    assert calls == pytest.approx([-2.0, -0.5, -0.125, -0.05], rel=1e-12)
     assert newborn_weight(lambda weight: float("nan"), 1.0, 0.5) == (0.0, 1.0)
     assert newborn_weight(worse, 1.0, 0.0) == (0.0, 1.0) and len(calls) == 4
 
@@ -141,6 +143,38 @@ def test_the_line_search_backtracks_from_a_trial_that_blows_up_instead_of_a_tiny
     weight, value = newborn_weight(blows_up, 1.0, -1.0)
     assert weight == 0.25  # the first quarter; the parabola's minimum (1) blows up too
     assert value == blows_up(0.25) < 1.0
+
+
+def test_the_line_search_takes_a_quarter_step_after_a_non_finite_trial():
+    from confluent_bank._newborn import newborn_weight
+
+    calls = []
+
+    def unstable(weight):
+        calls.append(weight)
+        return 1.0 - weight + weight**2 / 2 if weight <= 0.3 else float("inf")
+
+    assert newborn_weight(unstable, 1.0, -1.0) == (0.25, 1.0 - 0.25 + 0.25**2 / 2)
+    assert calls == [1.0, 0.25, 1.0]  # a quarter, then the parabola's minimum (no better)
+
+
+def test_the_line_search_finds_the_weight_where_the_objective_has_a_floor():
+    from confluent_bank._newborn import newborn_weight
+
+    # A fit to noisy data: the objective's floor (0.0287) is far above 0, so the first trial,
+    # where the first-order model reaches 0, overshoots the best weight 170 times. Quarter
+    # steps stopped at 1/64 of it, still above the objective at 0 (a fed-batch reactor did).
+    value, gradient, curvature = 0.0287, 0.042, 10.3
+    calls = []
+
+    def floor(weight):
+        calls.append(weight)
+        return value + gradient * weight + curvature * weight**2 / 2
+
+    weight, after = newborn_weight(floor, value, gradient)
+    assert weight == pytest.approx(-gradient / curvature, rel=1e-9)
+    assert after == pytest.approx(value - gradient**2 / (2 * curvature), rel=1e-12)
+    assert len(calls) <= 5
 
 
 def test_the_line_search_refuses_a_decrease_smaller_than_armijos():
@@ -217,8 +251,23 @@ def test_a_newborn_left_at_weight_zero_ends_the_checks_births(line_search, monke
         line_search=line_search,
     )  # fmt: skip
     bank = _check(hook, _bank(ZERO_PAIR), [1, 2])
-    assert [e.kind for e in hook.events] == ["zero_output_birth"]
+    kinds = ["zero_output_birth", "newborn_weight"] if line_search else ["zero_output_birth"]
+    assert [e.kind for e in hook.events] == kinds
     assert int(np.sum(np.asarray(bank.active))) == 3
+
+
+def test_a_line_search_that_finds_no_lower_objective_is_a_refused_event(monkeypatch):
+    monkeypatch.setattr(growing, "newborn_weight", lambda loss_at, value, g: (0.0, value))
+    target = 0.7 * _atom(0.43) - 0.6 * _atom(-1.6)
+    hook = cb.TransitionHook.growing(
+        _objective(target), DOMAIN, every=1, plateau=np.inf, scales=(SCALE,), births=3
+    )
+    bank = _check(hook, _bank(ZERO_PAIR), [1, 2])
+    birth, search = hook.events
+    assert (search.kind, search.accepted, search.slots) == ("newborn_weight", False, birth.slots)
+    assert (search.score, search.max_change) == (0.0, 0.0)
+    assert search.loss_after == search.loss_before == birth.loss_after
+    assert float(bank.weights[2]) == 0.0
 
 
 def _ramped_checks(hook, bank, steps, warmup):

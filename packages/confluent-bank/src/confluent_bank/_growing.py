@@ -359,13 +359,14 @@ class GrowingHook(TransitionHook):
             return float(self.objective(treedef.unflatten(pieces)))
 
         weight, after = newborn_weight(loss_at, value, gradient)
-        if weight == 0.0:
-            return value
-        leaves[i] = (leaves[i][0], with_weight(weight))
+        moved = weight != 0.0
+        if moved:
+            leaves[i] = (leaves[i][0], with_weight(weight))
+        # A search that found no lower objective is a decision too: the newborn stays at 0.
         self.events.append(
             TransitionEvent(
-                int(step), jax.tree_util.keystr(leaves[i][0]), NEWBORN_WEIGHT, (ident,), True,
-                self._change(born, leaves[i][1]), value, after, weight,
+                int(step), jax.tree_util.keystr(leaves[i][0]), NEWBORN_WEIGHT, (ident,), moved,
+                self._change(born, leaves[i][1]) if moved else 0.0, value, after, weight,
             )
         )  # fmt: skip
         return after

@@ -47,7 +47,8 @@ class TransitionEvent:
       gradient `|∂objective/∂w| / ‖φ‖` of the chosen candidate; for a merge, the collision's
       distance `|s·(c₁ − c₂)|`; for a `"remove_near_zero"`, the atom's largest contribution
       `|w|·|s|ⁿ·sup|σ⁽ⁿ⁾|`; for a `"newborn_weight"` (a newborn's weight moved from 0 by a
-      line search, not a commit), the weight it was given; for a `"stop_growing"` decision
+      line search, not a commit), the weight it was given (0, refused, when no weight
+      lowered the objective); for a `"stop_growing"` decision
       (no slots, nothing committed), the relative improvement of the objective since the
       last birth.
 
@@ -189,12 +190,12 @@ class TransitionHook:
            `|∂objective/∂w| / ‖φ‖`: the first-order gain of the candidate atom `φ` scaled to
            unit RMS over the domain. With `line_search`, the newborn's weight then moves from
            0 to the minimum of a parabola through the objective at 0, its gradient there (from
-           the scoring) and one trial point, cut to a quarter until it lowers the objective
-           by Armijo's rule (two evaluations, at most five; kept only if the objective
-           falls): an event of kind `"newborn_weight"`. Up to `births` atoms are
-           born per check, each scored afresh after the previous one's line search, while
-           the best score is at least half the check's first and each newborn's line search
-           lowered the objective;
+           the scoring) and one trial point, backtracked until it lowers the objective by
+           Armijo's rule (two evaluations, at most five; kept only if the objective falls):
+           an event of kind `"newborn_weight"`, refused if the weight stayed 0. Up to
+           `births` atoms are born per check, each scored afresh after the previous one's
+           line search, while the best score is at least half the check's first and each
+           newborn's line search lowered the objective;
         4. **stops** growing for good when, on a plateau at least two checks after the last
            birth, the objective's lowest value is less than `stop_tol` (relative) below its
            value at that birth: the last atom did not pay off. Removals and merges go on.
