@@ -104,3 +104,25 @@ def test_a_test_step_that_collects_nothing_counts_as_passed(tmp_path):
     record = gpu_report.run_step("empty", [sys.executable, "-m", "pytest", str(tmp_path), "-q"])
     assert record["returncode"] == 5
     assert record["passed"] and record["no_tests_collected"]
+
+
+def load_kernels_benchmark():
+    path = SCRIPT.parents[1] / "benchmarks" / "kernels.py"
+    spec = importlib.util.spec_from_file_location("kernels_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_benchmark_keeps_the_parts_and_models_it_is_given():
+    # `nox -s gpu -- --quick` passes --parts sensitivity with --quick: the quick defaults must
+    # not replace it, or the GPU report would time the wrong measurements.
+    kernels = load_kernels_benchmark()
+    args = kernels.parse_args(["--quick", "--parts", "sensitivity", "--models", "bank"])
+    assert (args.parts, args.models, args.n_experiments) == (["sensitivity"], ["bank"], 4)
+
+
+def test_quick_benchmark_fills_in_its_small_problem_where_nothing_is_named():
+    kernels = load_kernels_benchmark()
+    assert kernels.parse_args(["--quick"]).parts == kernels.QUICK["parts"]
+    assert kernels.parse_args([]).parts == list(kernels.PARTS)
