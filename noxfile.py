@@ -61,6 +61,11 @@ def _jax_requirements(version: str, *, cuda: bool = False) -> list[str]:
     return [f"jax=={version}", f"jaxlib=={version}"]
 
 
+# The slowest tests, printed at the end of each run, where CI's log tail keeps them: the run's
+# length is watched (about 30 minutes on 2 cores is the aim) and this says where it goes.
+DURATIONS = "--durations=15"
+
+
 @nox.session
 @nox.parametrize("jax", JAX_VERSIONS)
 @nox.parametrize("package", list(PACKAGES))
@@ -86,6 +91,7 @@ def tests(session: nox.Session, package: str, jax: str) -> None:
         str(path / "tests"),
         "-p",
         "no:cacheprovider",
+        DURATIONS,
         *_workers(cuda),
         *args,
         *_posargs_without_cuda(session),
@@ -119,6 +125,7 @@ def integration(session: nox.Session) -> None:
         "tests-integration",
         "-p",
         "no:cacheprovider",
+        DURATIONS,
         *_posargs_without_cuda(session),
         env=env,
     )
