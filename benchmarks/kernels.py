@@ -211,7 +211,6 @@ MODELS = {
 }
 BENCH_MODELS = tuple(MODELS)
 PARTS = ("steady", "distinct", "cache", "sensitivity", "crossover")
-# The cache test is two more cold processes, the crossover a dozen more compiles.
 QUICK = {
     "models": ["logistic"],
     "n_experiments": 4,
@@ -219,6 +218,7 @@ QUICK = {
     "reps": 3,
     "exact_shapes": 2,
     "max_shapes": 1,
+    # The cache test is two more cold processes, the crossover a dozen more compiles.
     "parts": ["steady", "distinct", "sensitivity"],
 }
 CROSSOVER_WIDTHS = (1, 2, 4, 6, 10, 21)  # 5, 8, 14, 20, 32 and 65 trainable scalars

@@ -13,8 +13,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / ".ci" / "gpu_report.py"
 FAKE_SMI = "#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\n"
 
 
-def load():
-    spec = importlib.util.spec_from_file_location("gpu_report", SCRIPT)
+def load(path: Path = SCRIPT):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -106,23 +106,19 @@ def test_a_test_step_that_collects_nothing_counts_as_passed(tmp_path):
     assert record["passed"] and record["no_tests_collected"]
 
 
-def load_kernels_benchmark():
-    path = SCRIPT.parents[1] / "benchmarks" / "kernels.py"
-    spec = importlib.util.spec_from_file_location("kernels_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="module")
+def kernels_benchmark():
+    return load(SCRIPT.parents[1] / "benchmarks" / "kernels.py")
 
 
-def test_quick_benchmark_keeps_the_parts_and_models_it_is_given():
+def test_quick_benchmark_keeps_the_parts_and_models_it_is_given(kernels_benchmark):
     # `nox -s gpu -- --quick` passes --parts sensitivity with --quick: the quick defaults must
     # not replace it, or the GPU report would time the wrong measurements.
-    kernels = load_kernels_benchmark()
-    args = kernels.parse_args(["--quick", "--parts", "sensitivity", "--models", "bank"])
+    args = kernels_benchmark.parse_args(["--quick", "--parts", "sensitivity", "--models", "bank"])
     assert (args.parts, args.models, args.n_experiments) == (["sensitivity"], ["bank"], 4)
 
 
-def test_quick_benchmark_fills_in_its_small_problem_where_nothing_is_named():
-    kernels = load_kernels_benchmark()
-    assert kernels.parse_args(["--quick"]).parts == kernels.QUICK["parts"]
-    assert kernels.parse_args([]).parts == list(kernels.PARTS)
+def test_quick_benchmark_fills_in_its_small_problem_where_nothing_is_named(kernels_benchmark):
+    quick, default = kernels_benchmark.parse_args(["--quick"]), kernels_benchmark.parse_args([])
+    assert quick.parts == kernels_benchmark.QUICK["parts"]
+    assert default.parts == list(kernels_benchmark.PARTS)
