@@ -3,14 +3,24 @@
     python .ci/gpu_report.py check            # stdlib only: is an NVIDIA GPU there? (exit 2 if not)
     python .ci/gpu_report.py check --jax      # does the installed jax see it?
     python .ci/gpu_report.py run --out gpu-report [--quick]
+    python .ci/gpu_report.py run --out gpu-report --lease
 
 ``run`` (inside the nox venv, with ``jax[cuda12]`` and both packages installed) runs, in order:
 the ``gpu``-marked tests of both packages, the integration suite, the scaled-up demo, a CPU
 against GPU agreement check of the kernels in both sensitivity modes, and the kernel benchmark
-on the GPU with ``--sensitivities forward reverse auto``. Every step runs even when an earlier
-one fails; each one's command, exit status, time and output tail go into
-``gpu-report/report.json``, with the device, the agreement numbers, the benchmark rows and the
-mode ``"auto"`` chose per model. The exit status is non-zero when any step failed.
+on the GPU with ``--sensitivities forward reverse auto``.
+
+``run --lease`` is the short plan for a lent machine with about 15 minutes and no package
+index, whose Python already has jax with its CUDA plugin, diffrax, equinox, optax and pytest:
+both packages run from source (``PYTHONPATH``), and the steps, most telling first, are the CPU
+against GPU agreement, the sensitivity tests and the gpu-marked end-to-end problem, the small
+benchmarks, then the bank's numerical tests on the GPU; each has a time limit so that a slow
+one cannot starve the rest (about 8 minutes in all).
+
+Every step runs even when an earlier one fails; each one's command, exit status, time and
+output tail go into ``gpu-report/report.json``, with the device, the agreement numbers, the
+benchmark rows and the mode ``"auto"`` chose per model. The exit status is non-zero when any
+step failed.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NO_GPU = 2  # exit status of a failed probe, distinct from a failed step (1)
 PYTEST_NO_TESTS = 5
 TAIL = 4000  # characters of each step's output kept in the report
+TIMED_OUT = 124  # a step's exit status when it ran past its limit, as `timeout(1)` reports it
 
 
 def probe_nvidia() -> list[str]:
@@ -83,28 +94,53 @@ def check(*, with_jax: bool) -> int:
     return 0
 
 
-def run_step(name: str, cmd: list[str], *, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run one step, echoing its output, and return its record for the report."""
+def run_step(
+    name: str,
+    cmd: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    limit: float | None = None,
+) -> dict[str, Any]:
+    """Run one step, at most `limit` seconds, echo its output and return its record."""
     print(f"\n=== gpu: {name}: {' '.join(cmd)}", flush=True)
     start = time.perf_counter()
-    proc = subprocess.run(
-        cmd, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True
-    )
+    try:
+        proc = subprocess.run(
+            cmd,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=limit,
+        )
+        returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as e:
+        # What the killed step had written still goes into the report (bytes, whatever `text`).
+        returncode = TIMED_OUT
+        stdout, stderr = (_text(e.stdout), _text(e.stderr) + f"\ngpu: killed after {limit} s")
     seconds = time.perf_counter() - start
-    sys.stdout.write(proc.stdout)
-    sys.stderr.write(proc.stderr)
-    output = proc.stdout + proc.stderr
+    sys.stdout.write(stdout)
+    sys.stderr.write(stderr)
+    sys.stdout.flush()
+    output = stdout + stderr
     # pytest's 5 is "no tests collected": a package without gpu-marked tests has nothing to run.
-    nothing = proc.returncode == PYTEST_NO_TESTS and cmd[1:3] == ["-m", "pytest"]
+    nothing = returncode == PYTEST_NO_TESTS and cmd[1:3] == ["-m", "pytest"]
     return {
         "name": name,
         "command": cmd,
-        "returncode": proc.returncode,
-        "passed": proc.returncode == 0 or nothing,
+        "returncode": returncode,
+        "passed": returncode == 0 or nothing,
         "no_tests_collected": nothing,
+        "timed_out": returncode == TIMED_OUT,
         "seconds": round(seconds, 2),
         "output_tail": output[-TAIL:],
     }
+
+
+def _text(captured: bytes | str | None) -> str:
+    if isinstance(captured, bytes):
+        return captured.decode(errors="replace")
+    return captured or ""
 
 
 def auto_choices(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
@@ -153,34 +189,92 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def run(out: Path, *, quick: bool) -> int:
-    out.mkdir(parents=True, exist_ok=True)
+Step = tuple[str, list[str], dict[str, str], float | None]  # name, command, env, limit in s
+
+
+def full_plan(out: Path, *, quick: bool) -> list[Step]:
+    """``nox -s gpu``'s steps, inside a venv where both packages are installed."""
     py = sys.executable
-    gpu_env = {"HYBRID_REQUIRE_GPU": "1"}
+    gpu = {"HYBRID_REQUIRE_GPU": "1"}
     packages = ROOT / "packages"
-    bench_json, agree_json = out / "benchmark.json", out / "agreement.json"
-    bench = [py, "benchmarks/kernels.py", "--parts", "sensitivity", "--json", str(bench_json)]
-    bench += ["--sensitivities", "forward", "reverse", "auto"]
+    bench = [py, "benchmarks/kernels.py", "--parts", "sensitivity"]
+    bench += ["--json", str(out / "benchmark.json"), "--sensitivities", "forward", "reverse"]
+    bench += ["auto", *(["--quick"] if quick else [])]
     scale = "2" if quick else "8"
-    steps = [
-        run_step(
+    return [
+        (
             "gpu tests, confluent-bank",
             [py, "-m", "pytest", str(packages / "confluent-bank" / "tests"), "-m", "gpu"],
-            env=gpu_env,
+            gpu,
+            None,
         ),
-        run_step(
+        (
             "gpu tests, hybrid-kernels",
             [py, "-m", "pytest", str(packages / "hybrid-kernels" / "tests"), "-m", "gpu"],
-            env=gpu_env,
+            gpu,
+            None,
         ),
-        run_step("integration suite", [py, "-m", "pytest", "tests-integration"], env=gpu_env),
-        run_step(
+        ("integration suite", [py, "-m", "pytest", "tests-integration"], gpu, None),
+        (
             f"demo, scale {scale}",
             [py, "examples/demo.py", "--scale", scale, "--out", str(out / "demo-output")],
+            {},
+            None,
         ),
-        run_step("CPU against GPU agreement", [py, __file__, "agree", "--json", str(agree_json)]),
-        run_step("kernel benchmark, both modes", bench + (["--quick"] if quick else [])),
+        (
+            "CPU against GPU agreement",
+            [py, __file__, "agree", "--json", str(out / "agreement.json")],
+            {},
+            None,
+        ),
+        ("kernel benchmark, both modes", bench, {}, None),
     ]
+
+
+def lease_plan(out: Path) -> list[Step]:
+    """The short plan for a lent machine (module docstring): sources on ``PYTHONPATH``, no
+    installs, each step under a limit sized from CPU timings (about 8 minutes in all)."""
+    py = sys.executable
+    source = os.pathsep.join(
+        [str(ROOT / "packages" / p / "src") for p in ("confluent-bank", "hybrid-kernels")]
+        + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+    )
+    env = {"PYTHONPATH": source, "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    gpu = {**env, "HYBRID_REQUIRE_GPU": "1"}
+    pytest = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs"]
+    hk_tests = ROOT / "packages" / "hybrid-kernels" / "tests"
+    cb_tests = ROOT / "packages" / "confluent-bank" / "tests"
+    numeric = ["activations", "forward_pair_branch", "forward_series", "moments"]
+    numeric += ["infinite_input", "float32", "vectorised"]
+    return [
+        (
+            "CPU against GPU agreement",
+            [py, __file__, "agree", "--json", str(out / "agreement.json")],
+            env,
+            100,
+        ),
+        ("sensitivity tests", [*pytest, str(hk_tests / "test_sensitivity.py")], gpu, 120),
+        ("gpu end-to-end problem", [*pytest, "tests-integration/test_gpu.py"], gpu, 150),
+        (
+            "small-problem benchmark",
+            [py, "benchmarks/small_problem.py", "--quick", "--runs", "1"],
+            env,
+            90,
+        ),
+        ("bank-in-ODE benchmark", [py, "benchmarks/bank_in_ode.py", "--quick"], env, 90),
+        (
+            "bank numerical tests",
+            [*pytest, *(str(cb_tests / f"test_{n}.py") for n in numeric)],
+            gpu,
+            120,
+        ),
+    ]
+
+
+def run(out: Path, *, quick: bool = False, lease: bool = False) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    plan = lease_plan(out) if lease else full_plan(out, quick=quick)
+    steps = [run_step(name, cmd, env=env, limit=limit) for name, cmd, env, limit in plan]
     device = {"nvidia_smi": probe_nvidia(), "python": platform.python_version()}
     try:
         import jax
@@ -191,13 +285,14 @@ def run(out: Path, *, quick: bool) -> int:
     report = build_report(
         steps,
         device=device,
-        agreement=_read_json(agree_json),
-        benchmark=_read_json(bench_json),
+        agreement=_read_json(out / "agreement.json"),
+        benchmark=_read_json(out / "benchmark.json"),
     )
     path = write_report(report, out)
     print(f"\ngpu: report written to {path}; {'passed' if report['passed'] else 'FAILED'}")
     for s in steps:
-        print(f"  {'ok  ' if s['passed'] else 'FAIL'} {s['name']} ({s['seconds']:.0f} s)")
+        late = ", killed at its limit" if s["timed_out"] else ""
+        print(f"  {'ok  ' if s['passed'] else 'FAIL'} {s['name']} ({s['seconds']:.0f} s{late})")
     return 0 if report["passed"] else 1
 
 
@@ -253,6 +348,11 @@ def main(argv: list[str] | None = None) -> int:
     p_run = sub.add_parser("run", help="run every step and write the report")
     p_run.add_argument("--out", type=Path, default=ROOT / "gpu-report")
     p_run.add_argument("--quick", action="store_true", help="smaller demo and benchmark")
+    p_run.add_argument(
+        "--lease",
+        action="store_true",
+        help="the ~8-minute plan for a lent machine: sources on PYTHONPATH, nothing installed",
+    )
     p_agree = sub.add_parser("agree", help="CPU against GPU loss and gradients")
     p_agree.add_argument("--json", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -261,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "agree":
         return agree(args.json)
     status = check(with_jax=True)
-    return status if status else run(args.out, quick=args.quick)
+    return status if status else run(args.out, quick=args.quick, lease=args.lease)
 
 
 if __name__ == "__main__":

@@ -106,6 +106,31 @@ def test_a_test_step_that_collects_nothing_counts_as_passed(tmp_path):
     assert record["passed"] and record["no_tests_collected"]
 
 
+def test_a_step_past_its_limit_is_killed_and_recorded_with_what_it_printed():
+    gpu_report = load()
+    code = "import time; print('started', flush=True); time.sleep(60)"
+    record = gpu_report.run_step("hangs", [sys.executable, "-c", code], limit=2)
+    assert record["returncode"] == gpu_report.TIMED_OUT and record["timed_out"]
+    assert not record["passed"]
+    assert "started" in record["output_tail"] and "killed after 2 s" in record["output_tail"]
+    assert record["seconds"] < 30
+
+
+def test_lease_plan_runs_from_source_and_fits_a_fifteen_minute_lease(tmp_path):
+    gpu_report = load()
+    plan = gpu_report.lease_plan(tmp_path)
+    root = SCRIPT.parents[1]
+    for name, cmd, env, limit in plan:
+        assert limit is not None, f"{name} has no time limit"
+        assert str(root / "packages" / "hybrid-kernels" / "src") in env["PYTHONPATH"]
+        # Every file a step names exists, so a rename cannot waste a lease.
+        for arg in cmd[1:]:
+            if arg.endswith(".py"):
+                assert (root / arg).is_file(), f"{name}: {arg} is missing"
+    # Starting a machine takes minutes of the 15: the steps must leave room for it.
+    assert sum(limit for *_, limit in plan) <= 12 * 60
+
+
 @pytest.fixture(scope="module")
 def kernels_benchmark():
     return load(SCRIPT.parents[1] / "benchmarks" / "kernels.py")
