@@ -108,6 +108,12 @@ def _workers(cuda: bool) -> list[str]:
     return ["-n", workers, "--dist", "loadfile"]
 
 
+def _integration_workers(cuda: bool) -> list[str]:
+    """As :func:`_workers`, but grouped by ``tests-integration/conftest.py``: a file stays whole
+    on one worker, and the files that read the session-wide training runs share one."""
+    return [*_workers(cuda)[:2], "--dist", "loadgroup"]
+
+
 @nox.session
 def integration(session: nox.Session) -> None:
     """``tests-integration/``: both packages together, newest jax (``--cuda`` for jax[cuda12])."""
@@ -115,6 +121,7 @@ def integration(session: nox.Session) -> None:
     session.install(
         f"{PACKAGES['confluent-bank'][1]}[test]",
         f"{PACKAGES['hybrid-kernels'][1]}[test,plot]",
+        "pytest-xdist",
         *_jax_requirements(JAX_NEWEST, cuda=cuda),
     )
     env = {} if cuda else {"JAX_PLATFORMS": "cpu"}
@@ -126,6 +133,7 @@ def integration(session: nox.Session) -> None:
         "-p",
         "no:cacheprovider",
         DURATIONS,
+        *_integration_workers(cuda),
         *_posargs_without_cuda(session),
         env=env,
     )

@@ -51,3 +51,19 @@ def control_run(standard_run) -> Any:
     hook = P.transition_hook({}, standard_run.domain)
     history, _ = P.run_standard(standard_run.dataset, dtype=jnp.float64, hooks=hook)
     return history
+
+
+# Files whose tests read the session-wide runs above.
+_SHARED_RUNS = {"standard_run", "control_run"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's ``--dist loadgroup``, keep each file whole on one worker (its module
+    fixtures compile once) and every file that reads a shared run on the same worker (the run
+    trains once, not once per worker)."""
+    shared = {
+        item.module.__name__ for item in items if _SHARED_RUNS & set(item.fixturenames)
+    }
+    for item in items:
+        name = item.module.__name__
+        item.add_marker(pytest.mark.xdist_group("shared-runs" if name in shared else name))

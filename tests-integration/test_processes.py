@@ -130,47 +130,64 @@ def test_gloo_chatter_filter_drops_interleaved_gloo_messages_and_keeps_progress(
     assert _without_gloo_chatter("1[Gloo] done: final loss 0.2") == "done final loss"
 
 
+# The process-local runs give each experiment state jumps: the halves hold 1 and 9 jumps per
+# row, so one launch covers both the process-local dataset and the padded jump count the
+# processes must agree on. Their full-list reference is one process with four devices.
+
+
 @pytest.fixture(scope="module")
-def process_local(tmp_path_factory, cache) -> list[dict]:
-    out, children = _run(tmp_path_factory, cache, "local", 2, 2, "--process-local")
+def jumps_one_process(tmp_path_factory, cache) -> dict:
+    out, children = _run(tmp_path_factory, cache, "jumps-one", 1, 4, "--gloo", "--jumps")
+    children[0].check()
+    return _results(out, 1)[0]
+
+
+@pytest.fixture(scope="module")
+def jumps_process_local(tmp_path_factory, cache) -> list[dict]:
+    out, children = _run(tmp_path_factory, cache, "jumps-local", 2, 2, "--process-local", "--jumps")
     for child in children:
         child.check()
     return _results(out, 2)
 
 
-def test_process_local_halves_train_like_the_full_list(process_local, two_processes):
-    full = two_processes[0][0]
-    for result in process_local:
-        assert result["history"] == full["history"]
+def test_process_local_halves_train_like_the_full_list(jumps_process_local, jumps_one_process):
+    full = jumps_one_process
+    for result in jumps_process_local:
+        np.testing.assert_allclose(result["history"], full["history"], rtol=RELATIVE_TOLERANCE)
         assert result["digest"] == full["digest"]
 
 
-def test_process_local_exp_ids_name_every_experiment_once(process_local, two_processes):
-    full = two_processes[0][0]["exp_ids"]
-    for result in process_local:
-        assert result["exp_ids"] == full
+def test_process_local_exp_ids_name_every_experiment_once(jumps_process_local, jumps_one_process):
+    for result in jumps_process_local:
+        assert result["exp_ids"] == jumps_one_process["exp_ids"]
 
 
-def test_process_local_metrics_are_global_and_match_the_full_list(process_local, two_processes):
-    full = two_processes[0][0]
+def test_process_local_metrics_are_global_and_match_the_full_list(
+    jumps_process_local, jumps_one_process
+):
+    full = jumps_one_process
     every = sorted(name for ids in full["exp_ids"] for name in ids if name)
     assert [row[0] for row in full["experiment_metrics"]] == every  # each one, once
-    for result in process_local:
+    for result in jumps_process_local:
         assert result["experiment_metrics"] == full["experiment_metrics"]
         assert result["metrics"] == full["metrics"]
         names = [n for bucket in result["exp_ids"] for n in bucket if n]
         assert len(names) == len(set(names)) == 8
 
 
-def test_dense_predictions_are_global_on_every_process(process_local, two_processes, one_process):
-    want = [np.asarray(d) for d in one_process["dense"]]
-    for result in [*process_local, *two_processes[0]]:
-        for got, expected in zip(result["dense"], want, strict=True):
-            np.testing.assert_allclose(got, expected, rtol=RELATIVE_TOLERANCE, atol=0.0)
+def test_dense_predictions_are_global_on_every_process(
+    jumps_process_local, jumps_one_process, two_processes, one_process
+):
+    runs = [(jumps_process_local, jumps_one_process), (two_processes[0], one_process)]
+    for processes, reference in runs:
+        want = [np.asarray(d) for d in reference["dense"]]
+        for result in processes:
+            for got, expected in zip(result["dense"], want, strict=True):
+                np.testing.assert_allclose(got, expected, rtol=RELATIVE_TOLERANCE, atol=0.0)
 
 
-def test_a_process_local_dataset_refuses_a_split(process_local):
-    for result in process_local:
+def test_a_process_local_dataset_refuses_a_split(jumps_process_local):
+    for result in jumps_process_local:
         assert result["split_error"].startswith("split_dataset_by_ids: ")
         assert "process_local=True" in result["split_error"]
 
@@ -207,32 +224,6 @@ def test_resuming_after_a_kill_gives_the_uninterrupted_run(killed, two_processes
     resumed, uninterrupted = _results(out, 2), two_processes[0][0]
     assert [r["history"] for r in resumed] == [uninterrupted["history"]] * 2
     assert [r["digest"] for r in resumed] == [uninterrupted["digest"]] * 2
-
-
-@pytest.fixture(scope="module")
-def jumps_one_process(tmp_path_factory, cache) -> dict:
-    out, children = _run(tmp_path_factory, cache, "jumps-one", 1, 4, "--gloo", "--jumps")
-    children[0].check()
-    return _results(out, 1)[0]
-
-
-@pytest.fixture(scope="module")
-def jumps_process_local(tmp_path_factory, cache) -> list[dict]:
-    out, children = _run(tmp_path_factory, cache, "jumps-local", 2, 2, "--process-local", "--jumps")
-    for child in children:
-        child.check()
-    return _results(out, 2)
-
-
-def test_state_jumps_train_alike_on_process_local_halves_and_one_process(
-    jumps_process_local, jumps_one_process
-):
-    # The halves hold 1 and 9 jumps per row: they agree on one padded jump count, or the
-    # bucket shapes (and the collective programs) would differ between the processes.
-    one = np.asarray(jumps_one_process["history"])
-    for result in jumps_process_local:
-        np.testing.assert_allclose(result["history"], one, rtol=RELATIVE_TOLERANCE, atol=0.0)
-        assert result["digest"] == jumps_one_process["digest"]
 
 
 def test_state_jumps_change_the_run(jumps_one_process, one_process):
