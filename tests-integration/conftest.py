@@ -61,9 +61,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under pytest-xdist's ``--dist loadgroup``, keep each file whole on one worker (its module
     fixtures compile once) and every file that reads a shared run on the same worker (the run
     trains once, not once per worker)."""
-    shared = {
-        item.module.__name__ for item in items if _SHARED_RUNS & set(item.fixturenames)
-    }
+    shared = {item.module.__name__ for item in items if _SHARED_RUNS & set(item.fixturenames)}
     for item in items:
         name = item.module.__name__
         item.add_marker(pytest.mark.xdist_group("shared-runs" if name in shared else name))
