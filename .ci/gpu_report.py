@@ -273,6 +273,9 @@ def lease_plan(out: Path) -> list[Step]:
 
 def run(out: Path, *, quick: bool = False, lease: bool = False) -> int:
     out.mkdir(parents=True, exist_ok=True)
+    # A report reads only what this run's steps wrote, never an earlier run's numbers.
+    for name in ("agreement.json", "benchmark.json"):
+        (out / name).unlink(missing_ok=True)
     plan = lease_plan(out) if lease else full_plan(out, quick=quick)
     steps = [run_step(name, cmd, env=env, limit=limit) for name, cmd, env, limit in plan]
     device = {"nvidia_smi": probe_nvidia(), "python": platform.python_version()}

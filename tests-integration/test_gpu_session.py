@@ -131,6 +131,20 @@ def test_lease_plan_runs_from_source_and_fits_a_fifteen_minute_lease(tmp_path):
     assert sum(limit for *_, limit in plan) <= 12 * 60
 
 
+def test_a_report_never_carries_an_earlier_runs_numbers(tmp_path, monkeypatch):
+    gpu_report = load()
+    (tmp_path / "benchmark.json").write_text(json.dumps(BENCH_ROWS))
+    (tmp_path / "agreement.json").write_text("[]")
+    code = "print('agreement ran')"
+    monkeypatch.setattr(
+        gpu_report, "lease_plan", lambda out: [("only", [sys.executable, "-c", code], {}, 60)]
+    )
+    assert gpu_report.run(tmp_path, lease=True) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["benchmark"] == [] and report["cpu_gpu_agreement"] is None
+    assert [s["name"] for s in report["steps"]] == ["only"]
+
+
 @pytest.fixture(scope="module")
 def kernels_benchmark():
     return load(SCRIPT.parents[1] / "benchmarks" / "kernels.py")
