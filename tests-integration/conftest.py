@@ -7,6 +7,7 @@ once per session and every test reads what it needs from it.
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,15 +54,28 @@ def control_run(standard_run) -> Any:
     return history
 
 
-# Files whose tests read the session-wide runs above.
-_SHARED_RUNS = {"standard_run", "control_run"}
+def _files_reading_shared_runs() -> set[str]:
+    """The test files that use `standard_run` or `control_run` (read from their source: the
+    scheduler runs in xdist's controller, which collects no tests)."""
+    uses = re.compile(r"\b(standard_run|control_run)\b")
+    return {p.name for p in Path(__file__).parent.glob("test_*.py") if uses.search(p.read_text())}
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist's ``--dist loadgroup``, keep each file whole on one worker (its module
-    fixtures compile once) and every file that reads a shared run on the same worker (the run
-    trains once, not once per worker)."""
-    shared = {item.module.__name__ for item in items if _SHARED_RUNS & set(item.fixturenames)}
-    for item in items:
-        name = item.module.__name__
-        item.add_marker(pytest.mark.xdist_group("shared-runs" if name in shared else name))
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist's ``--dist loadfile``: each file whole on one worker (its module
+    fixtures compile once), as loadfile does, and every file that reads a session-wide run
+    on the same worker, so the run trains once, not once per worker. (``xdist_group`` marks
+    cannot say this: under pytest 9 xdist no longer sees them.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    shared = _files_reading_shared_runs()
+
+    class SharedRunScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return "shared-runs" if Path(file).name in shared else file
+
+    return SharedRunScheduling(config, log)
