@@ -61,7 +61,8 @@ def _files_reading_shared_runs() -> set[str]:
     return {p.name for p in Path(__file__).parent.glob("test_*.py") if uses.search(p.read_text())}
 
 
-@pytest.hookimpl(tryfirst=True)
+# optionalhook: without pytest-xdist (the GPU lease's Python has none) the hook is unknown.
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under pytest-xdist's ``--dist loadfile``: each file whole on one worker (its module
     fixtures compile once), as loadfile does, and every file that reads a session-wide run

@@ -145,6 +145,20 @@ def test_a_report_never_carries_an_earlier_runs_numbers(tmp_path, monkeypatch):
     assert [s["name"] for s in report["steps"]] == ["only"]
 
 
+def test_integration_tests_run_under_a_pytest_without_xdist():
+    # The lease plan runs tests-integration/test_gpu.py with whatever pytest the GPU image has.
+    root = SCRIPT.parents[1]
+    target = str(root / "tests-integration" / "test_path_rule.py")
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q", target],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+
+
 @pytest.fixture(scope="module")
 def kernels_benchmark():
     return load(SCRIPT.parents[1] / "benchmarks" / "kernels.py")
