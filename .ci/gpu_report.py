@@ -40,6 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 NO_GPU = 2  # exit status of a failed probe, distinct from a failed step (1)
 PYTEST_NO_TESTS = 5
 TAIL = 4000  # characters of each step's output kept in the report
+# What the agreement and benchmark steps write into the report folder; the report reads them.
+AGREEMENT, BENCHMARK = "agreement.json", "benchmark.json"
 TIMED_OUT = 124  # a step's exit status when it ran past its limit, as `timeout(1)` reports it
 
 
@@ -192,13 +194,18 @@ def _read_json(path: Path) -> Any:
 Step = tuple[str, list[str], dict[str, str], float | None]  # name, command, env, limit in s
 
 
+def _agreement_step(out: Path, env: dict[str, str], limit: float | None) -> Step:
+    command = [sys.executable, __file__, "agree", "--json", str(out / AGREEMENT)]
+    return ("CPU against GPU agreement", command, env, limit)
+
+
 def full_plan(out: Path, *, quick: bool) -> list[Step]:
     """``nox -s gpu``'s steps, inside a venv where both packages are installed."""
     py = sys.executable
     gpu = {"HYBRID_REQUIRE_GPU": "1"}
     packages = ROOT / "packages"
     bench = [py, "benchmarks/kernels.py", "--parts", "sensitivity"]
-    bench += ["--json", str(out / "benchmark.json"), "--sensitivities", "forward", "reverse"]
+    bench += ["--json", str(out / BENCHMARK), "--sensitivities", "forward", "reverse"]
     bench += ["auto", *(["--quick"] if quick else [])]
     scale = "2" if quick else "8"
     return [
@@ -221,12 +228,7 @@ def full_plan(out: Path, *, quick: bool) -> list[Step]:
             {},
             None,
         ),
-        (
-            "CPU against GPU agreement",
-            [py, __file__, "agree", "--json", str(out / "agreement.json")],
-            {},
-            None,
-        ),
+        _agreement_step(out, {}, None),
         ("kernel benchmark, both modes", bench, {}, None),
     ]
 
@@ -247,12 +249,7 @@ def lease_plan(out: Path) -> list[Step]:
     numeric = ["activations", "forward_pair_branch", "forward_series", "moments"]
     numeric += ["infinite_input", "float32", "vectorised"]
     return [
-        (
-            "CPU against GPU agreement",
-            [py, __file__, "agree", "--json", str(out / "agreement.json")],
-            env,
-            100,
-        ),
+        _agreement_step(out, env, 100),
         ("sensitivity tests", [*pytest, str(hk_tests / "test_sensitivity.py")], gpu, 120),
         ("gpu end-to-end problem", [*pytest, "tests-integration/test_gpu.py"], gpu, 150),
         (
@@ -274,7 +271,7 @@ def lease_plan(out: Path) -> list[Step]:
 def run(out: Path, *, quick: bool = False, lease: bool = False) -> int:
     out.mkdir(parents=True, exist_ok=True)
     # A report reads only what this run's steps wrote, never an earlier run's numbers.
-    for name in ("agreement.json", "benchmark.json"):
+    for name in (AGREEMENT, BENCHMARK):
         (out / name).unlink(missing_ok=True)
     plan = lease_plan(out) if lease else full_plan(out, quick=quick)
     steps = [run_step(name, cmd, env=env, limit=limit) for name, cmd, env, limit in plan]
@@ -288,8 +285,8 @@ def run(out: Path, *, quick: bool = False, lease: bool = False) -> int:
     report = build_report(
         steps,
         device=device,
-        agreement=_read_json(out / "agreement.json"),
-        benchmark=_read_json(out / "benchmark.json"),
+        agreement=_read_json(out / AGREEMENT),
+        benchmark=_read_json(out / BENCHMARK),
     )
     path = write_report(report, out)
     print(f"\ngpu: report written to {path}; {'passed' if report['passed'] else 'FAILED'}")
