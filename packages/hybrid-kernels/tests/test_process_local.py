@@ -92,6 +92,7 @@ def _spread(dataset):
         bucket_payloads=payloads,
         exp_ids=dataset.exp_ids,
         output_channel_names=dataset.output_channel_names,
+        experiments=dataset.experiments,
     )
 
 

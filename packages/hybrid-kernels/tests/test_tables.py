@@ -211,6 +211,21 @@ def test_metrics_table_summarises_per_variable(dataset):
     assert list(metrics.n) == [2, 4]
 
 
+def test_predictions_table_keeps_the_labs_times_and_values_in_a_float32_dataset():
+    # float32 rounds 4.7 to 4.699999809...; the table must still join back onto the lab's.
+    table = long_table()
+    table.loc[1, ["time", "value"]] = [4.7, 0.1]
+    table.loc[2, "time"] = 4.7
+    exps = hk.experiments_from_table(table, y0_fn=y0_fn, covariates=COVS)
+    data = hk.make_dataset(exps, output_channel_names=["X", "S"], dtype="float32")
+    assert data.bucket_payloads[0].ts.dtype == jnp.float32
+    out = hk.predictions_table(data, fake_predictions(data))
+    measured = table.dropna(subset=["value"])
+    joined = measured.merge(out, on=["experiment", "time", "variable", "value"])
+    assert len(joined) == len(out) == len(measured)
+    assert 4.7 in set(out.time) and 0.1 in set(out.value)
+
+
 def test_predictions_table_rejects_a_wrong_bucket_count(dataset):
     with pytest.raises(ValueError, match="holds 0 arrays"):
         hk.predictions_table(dataset, [])

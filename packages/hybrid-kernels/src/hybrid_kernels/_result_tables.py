@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from hybrid_kernels._bucketing import scatter
 from hybrid_kernels._data import Dataset
 from hybrid_kernels._distributed import to_host
 from hybrid_kernels._tables import _pandas
@@ -39,8 +40,11 @@ def predictions_table(
 
     **Returns:** a DataFrame with columns `exp_col`, `time_col`, `variable_col`, `value_col`
     (the measurement), `"prediction"` and `"residual"` (prediction − measurement). Replicates
-    stay separate rows; padding never appears. With several processes, call it on every
-    process: each gets the table of every experiment.
+    stay separate rows; padding never appears. Times and measurements are the experiments' own,
+    at the precision they were given, not the dataset's: in a float32 dataset a time of `4.7`
+    stays `4.7` (not `4.699999809…`), so the table joins back onto the lab's. With several
+    processes, call it on every process: each gets the table of every experiment (times and
+    measurements of experiments another process holds come from the dataset's arrays).
     """
     pd = _pandas()
     if len(predictions) != len(dataset.bucket_payloads):
@@ -49,6 +53,7 @@ def predictions_table(
             f"has {len(dataset.bucket_payloads)} buckets; pass predict_dataset's output."
         )
     names = np.asarray(dataset.output_channel_names, dtype=object)
+    sources = _source_cells(dataset)
     parts = []
     for b, (pred, bp, ids) in enumerate(
         zip(predictions, dataset.bucket_payloads, dataset.exp_ids, strict=True)
@@ -62,13 +67,20 @@ def predictions_table(
         n, t, d = np.nonzero(to_host(bp.mask))
         real = np.asarray(ids, dtype=object)[n] != ""
         n, t, d = n[real], t[real], d[real]
-        obs = np.asarray(to_host(bp.y_observed), dtype=np.float64)[n, t, d]
+        times = np.array(to_host(bp.ts), dtype=np.float64)  # copies: filled below
+        values = np.array(to_host(bp.y_observed), dtype=np.float64)
+        for row, exp_id in enumerate(ids):
+            if exp_id in sources:
+                ts64, y64 = sources[exp_id]
+                times[row, : ts64.size] = ts64
+                values[row, : ts64.size] = y64
+        obs = values[n, t, d]
         p = pred[n, t, d]
         parts.append(
             pd.DataFrame(
                 {
                     exp_col: np.asarray(ids, dtype=object)[n],
-                    time_col: np.asarray(to_host(bp.ts), dtype=np.float64)[n, t],
+                    time_col: times[n, t],
                     variable_col: names[d],
                     value_col: obs,
                     "prediction": p,
@@ -83,6 +95,17 @@ def predictions_table(
     return pd.concat(parts, ignore_index=True).sort_values(
         [exp_col, variable_col, time_col], kind="stable", ignore_index=True
     )
+
+
+def _source_cells(dataset: Dataset) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each source experiment's union axis `[T]` and measurements `[T, D]` in float64, laid
+    out as `make_dataset` lays them (the layout depends on the times, not on the dtype)."""
+    names = tuple(dataset.output_channel_names)
+    cells = {}
+    for exp in dataset.experiments:
+        ts, y, _, _ = scatter(exp, names, np.dtype(np.float64))
+        cells[exp.exp_id] = (ts, y)
+    return cells
 
 
 def metrics_table(
