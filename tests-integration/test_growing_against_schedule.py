@@ -1,0 +1,65 @@
+"""Issue 24: on the integration tests' standard problem, a bank grown from 2 atoms by
+`TransitionHook.growing` (its defaults, `max_active=6`) reaches the accuracy of the
+hand-scheduled bank of `conftest.standard_run` (six hand-placed atoms, a merge at step 80, a
+birth at 100, a cluster at 120), trained on the same data with the same configuration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import confluent_bank as cb
+import hybrid_kernels as hk
+
+import hybrid_problem as P
+
+
+@pytest.fixture(scope="module")
+def grown(standard_run) -> tuple[Any, Any, Any]:
+    dataset = standard_run.dataset
+    solver = P.make_solver(jnp.float64)
+    packs = [cb.RefinedPack(0, -0.5, 0.05, 0.5), cb.RefinedPack(0, 0.5, -0.05, 0.5)]
+    start = cb.init_confluent_bank(packs, max_packs=8, max_order=3, dtype=jnp.float64)
+    trainable = P.bank_trainable((start,))
+    objective = hk.build_objective(
+        dataset,
+        simulate_fn=P.simulate,
+        state_to_output=P.state_to_output,
+        solver=solver,
+        trainable=trainable,
+    )
+    hook = cb.TransitionHook.growing(objective, standard_run.domain, max_active=6)
+    history, (bank,) = hk.train_with_optax(
+        (start,),
+        dataset,
+        P.standard_config(),
+        simulate_fn=P.simulate,
+        state_to_output=P.state_to_output,
+        solver=solver,
+        trainable=trainable,
+        key=jax.random.key(0),
+        hooks=hook,
+    )
+    return history, bank, hook
+
+
+def test_the_grown_bank_grew_from_two_atoms_with_no_schedule(grown):
+    _, bank, hook = grown
+    births = [e for e in hook.events if e.kind == "zero_output_birth" and e.accepted]
+    assert len(births) >= 2 and all(e.score > 0 for e in births)
+    assert 2 < int(bank.active.sum()) <= 6
+
+
+def test_the_grown_bank_reaches_the_hand_scheduled_banks_loss(grown, standard_run):
+    history, _, _ = grown
+    assert len(history) == len(standard_run.history)
+    assert history[-1] <= standard_run.history[-1]
+
+
+def test_the_grown_bank_learns_g_as_well_as_the_hand_scheduled_bank(grown, standard_run):
+    _, bank, _ = grown
+    domain = standard_run.domain
+    assert P.g_error(bank, domain) <= P.g_error(standard_run.bank, domain)
