@@ -310,10 +310,12 @@ def run_standard(
     dtype: Any,
     hooks: Any = None,
     simulate_fn: Callable[..., Any] = simulate,
+    bank: cb.ConfluentPackBank | None = None,
     **config_overrides,
 ):
-    """Train the standard problem; returns ``(history, trained_bank)``."""
-    predictors = (initial_bank(dtype),)
+    """Train the standard problem from ``bank`` (default: ``initial_bank(dtype)``); returns
+    ``(history, trained_bank)``."""
+    predictors = (initial_bank(dtype) if bank is None else bank,)
     history, trained = hk.train_with_optax(
         predictors,
         dataset,

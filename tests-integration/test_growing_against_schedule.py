@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import pytest
 
@@ -20,7 +19,6 @@ import hybrid_problem as P
 @pytest.fixture(scope="module")
 def grown(standard_run) -> tuple[Any, Any, Any]:
     dataset = standard_run.dataset
-    solver = P.make_solver(jnp.float64)
     packs = [cb.RefinedPack(0, -0.5, 0.05, 0.5), cb.RefinedPack(0, 0.5, -0.05, 0.5)]
     start = cb.init_confluent_bank(packs, max_packs=8, max_order=3, dtype=jnp.float64)
     trainable = P.bank_trainable((start,))
@@ -28,21 +26,11 @@ def grown(standard_run) -> tuple[Any, Any, Any]:
         dataset,
         simulate_fn=P.simulate,
         state_to_output=P.state_to_output,
-        solver=solver,
+        solver=P.make_solver(jnp.float64),
         trainable=trainable,
     )
     hook = cb.TransitionHook.growing(objective, standard_run.domain, max_active=6)
-    history, (bank,) = hk.train_with_optax(
-        (start,),
-        dataset,
-        P.standard_config(),
-        simulate_fn=P.simulate,
-        state_to_output=P.state_to_output,
-        solver=solver,
-        trainable=trainable,
-        key=jax.random.key(0),
-        hooks=hook,
-    )
+    history, bank = P.run_standard(dataset, dtype=jnp.float64, hooks=hook, bank=start)
     return history, bank, hook
 
 
