@@ -108,6 +108,13 @@ def initial_bank(dtype: Any = None, *, max_packs: int = 8) -> cb.ConfluentPackBa
     return cb.init_confluent_bank(packs, max_packs=max_packs, max_order=3, dtype=dtype)
 
 
+def two_broad_atoms(dtype: Any = None) -> cb.ConfluentPackBank:
+    """Two ordinary atoms of slope 0.5 (too broad for g) and six empty slots: where a bank
+    that grows itself starts."""
+    packs = [cb.RefinedPack(0, -0.5, 0.05, 0.5), cb.RefinedPack(0, 0.5, -0.05, 0.5)]
+    return cb.init_confluent_bank(packs, max_packs=8, max_order=3, dtype=dtype)
+
+
 # --8<-- [start:simulate]
 def simulate(predictors, ts, covariates, y0, solver):
     """``simulate_fn``: integrate ``-K y + bank(y)`` for one experiment, ``[T] -> [T, 1]``."""

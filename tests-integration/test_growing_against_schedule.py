@@ -19,8 +19,7 @@ import hybrid_problem as P
 @pytest.fixture(scope="module")
 def grown(standard_run) -> tuple[Any, Any, Any]:
     dataset = standard_run.dataset
-    packs = [cb.RefinedPack(0, -0.5, 0.05, 0.5), cb.RefinedPack(0, 0.5, -0.05, 0.5)]
-    start = cb.init_confluent_bank(packs, max_packs=8, max_order=3, dtype=jnp.float64)
+    start = P.two_broad_atoms(jnp.float64)
     trainable = P.bank_trainable((start,))
     objective = hk.build_objective(
         dataset,

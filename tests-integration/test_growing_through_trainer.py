@@ -29,12 +29,6 @@ EVERY = 20  # the policy's default
 MAX_ACTIVE = 6
 
 
-def two_atoms() -> cb.ConfluentPackBank:
-    """Two broad ordinary atoms (slope 0.5, frozen: too broad for g), six empty slots."""
-    packs = [cb.RefinedPack(0, -0.5, 0.05, 0.5), cb.RefinedPack(0, 0.5, -0.05, 0.5)]
-    return cb.init_confluent_bank(packs, max_packs=8, max_order=3, dtype=jnp.float64)
-
-
 @dataclasses.dataclass
 class Run:
     history: Any
@@ -47,7 +41,7 @@ class Run:
 def problem() -> dict[str, Any]:
     dataset = P.make_dataset(SIZE, dtype=jnp.float64, max_shapes=1)
     solver = P.make_solver(jnp.float64)
-    trainable = P.bank_trainable((two_atoms(),))
+    trainable = P.bank_trainable((P.two_broad_atoms(jnp.float64),))
     simulate = P.TraceCounter(P.simulate)
     objective = hk.build_objective(
         dataset,
@@ -80,7 +74,7 @@ class CountingObjective:
 
 def train(problem: dict[str, Any], hook: Any, predictors: Any = None, **config: Any) -> Run:
     simulate = P.TraceCounter(P.simulate)
-    predictors = (two_atoms(),) if predictors is None else predictors
+    predictors = (P.two_broad_atoms(jnp.float64),) if predictors is None else predictors
     settings = dict(steps=(STEPS,), lr=(0.05,), verbose=False, log_every=STEPS, **config)
     history, trained = hk.train_with_optax(
         predictors,
@@ -202,7 +196,7 @@ def test_a_bank_keeps_growing_through_adam_then_lbfgs(problem):
         problem["objective"], problem["domain"], every=10, plateau=float("inf"), births=1
     )
     history, trained = hk.train_with_optax(
-        (two_atoms(),),
+        (P.two_broad_atoms(jnp.float64),),
         problem["dataset"],
         hk.OptaxTrainingConfig(
             steps=(20, 20), lr=(0.05, 1.0), optimizer=("adam", "lbfgs"), verbose=False
