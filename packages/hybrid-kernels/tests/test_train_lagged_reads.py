@@ -7,6 +7,7 @@
   constants, a large one stays an argument, and both train alike.
 """
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -75,6 +76,46 @@ def test_a_run_with_a_hook_reads_every_step_before_the_next(oscillator, one_buck
     hook = lambda step, predictors, opt_state: None  # noqa: E731
     train(oscillator, one_bucket, quiet(steps=(4,)), ui=ui, hooks=hook)
     assert seen == [(n, n + 1) for n in range(4)]
+
+
+def test_a_run_with_a_hook_reads_every_step_whatever_log_every(
+    oscillator, one_bucket, read_pattern
+):
+    ui, seen = read_pattern
+    hook = lambda step, predictors, opt_state: None  # noqa: E731
+    train(oscillator, one_bucket, quiet(steps=(4,), log_every=3), ui=ui, hooks=hook)
+    assert seen == [(n, n + 1) for n in range(4)]
+
+
+def test_a_hook_never_sees_the_parameters_of_a_failed_step():
+    # sgd at 1e38 throws the rate far out after the first step, and the next solve runs out of
+    # steps (`throw=True`). A quiet step's update is applied before its checks are read, so a
+    # hook between the steps must wait for the read: it sees the parameters the run keeps, and
+    # the run stops with the solver's error at the step that failed.
+    data = hk.make_dataset([_decay("e0"), _decay("e1", 1.2)], output_channel_names=["y"])
+    seen = []
+
+    def hook(step, predictors, opt_state):
+        seen.append((step, float(predictors[0].k)))
+
+    with pytest.raises(
+        eqx.EquinoxRuntimeError, match=r"the solve failed for experiment\(s\) \['e0', 'e1'\]"
+    ):
+        hk.train_with_optax(
+            (Rate(jnp.asarray(0.5)),),
+            data,
+            hk.OptaxTrainingConfig(
+                steps=(8,), lr=(1e38,), optimizer=("sgd",), max_bad_steps=3, log_every=10,
+                verbose=False,
+            ),
+            simulate_fn=decay_simulate,
+            state_to_output=identity_output,
+            solver=tiny_solver(max_steps=64),
+            key=jax.random.key(0),
+            hooks=hook,
+        )  # fmt: skip
+    # step 1 is applied (a finite, huge rate); step 2's solve fails and ends the run there
+    assert [step for step, _ in seen] == [1] and np.isfinite(seen[0][1])
 
 
 def test_a_patience_stop_found_a_step_late_ends_where_an_unlagged_run_ends(

@@ -253,7 +253,10 @@ def _between_steps(setup: Setup, st: LoopState) -> None:
     val_due = bool(setup.val_payloads) and done % c.val_every == 0
     save_due = c.checkpoint_every > 0 and done % c.checkpoint_every == 0
     stop = False
-    if last or val_due or save_due:  # decided on the newest parameters: read every step
+    # Decided on the newest parameters, or handed to a hook: read every step first. A quiet
+    # step's update is applied before its checks are read, so an unread step's parameters may
+    # be a failed solve's; a hook must act on the ones the run keeps.
+    if last or val_due or save_due or setup.hook is not None:
         stop = sync(setup, st)
     elif len(st.pending) >= c.log_every + may_lag(setup):
         stop = sync(setup, st, keep=int(may_lag(setup)))

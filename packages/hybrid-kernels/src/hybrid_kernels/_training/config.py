@@ -178,7 +178,9 @@ class OptaxTrainingConfig:
         in a row training stops with
         [`NonFiniteTrainingError`][hybrid_kernels.NonFiniteTrainingError].
     - `log_every`: read losses back to the host every this many steps (one transfer for the
-        whole block). Early stopping and the bad-step limit are checked at those reads.
+        whole block). Early stopping and the bad-step limit are checked at those reads. With
+        `hooks`, every step is read before the hook runs, whatever `log_every`: a hook acts
+        on the parameters the run keeps, never on those of a step not yet checked.
     - `checkpoint_path`, `checkpoint_every`, `resume`: save a `TrainingState` atomically to
         `checkpoint_path` every `checkpoint_every` steps (0: only at the end) and at the end;
         with `resume=True` an existing file there is picked up and the run continues from it.
