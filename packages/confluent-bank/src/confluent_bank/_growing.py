@@ -25,6 +25,7 @@ import numpy as np
 from confluent_bank._bank import ConfluentPackBank
 from confluent_bank._candidates import CandidateScorer
 from confluent_bank._commit import detect_transitions
+from confluent_bank._domains import BankDomains, Domain, DomainSpec
 from confluent_bank._hook import TransitionEvent, TransitionHook, _is_bank
 from confluent_bank._host import HostView, transaction
 from confluent_bank._newborn import Unseeded, newborn_weight, ramping_in
@@ -60,13 +61,14 @@ class GrowingHook(TransitionHook):
     """The hook `TransitionHook.growing` builds (see there for the policy and its options).
 
     Beyond a `TransitionHook` it has the policy's options as attributes, `candidates` (the
-    candidate grid as arrays `centers`, `scales`, `orders`) and `stopped`.
+    candidate grid as arrays `centers`, `scales`, `orders`; with a `domain` mapping, one such
+    grid per bank path) and `stopped`.
     """
 
     def __init__(
         self,
         objective: Callable[[Any], Any],
-        domain: tuple[float, float],
+        domain: DomainSpec,
         *,
         every: int = 20,
         max_active: int | None = None,
@@ -86,19 +88,16 @@ class GrowingHook(TransitionHook):
     ) -> None:
         if not callable(objective):
             raise TypeError(f"{_name('objective')} must be callable, got {objective!r}")
-        acceptance = _removal_acceptance(domain)  # validates domain
+        domains = BankDomains(domain, "TransitionHook.growing", strict=True)
         super().__init__(
             lambda step, path, bank: None,
             domain,
-            acceptance=acceptance,
             adapter=adapter,
             retract=retract,
             objective=objective,
             n_points=n_points,
         )
-        lo, hi = self.domain
-        if not lo < hi:
-            raise ValueError(f"{_name('domain')} must have lo < hi, got {domain!r}")
+        self._domains = domains  # the same domains; its messages name this constructor
         self.every = _positive_int(every, "every")
         self.max_active = None if max_active is None else _positive_int(max_active, "max_active")
         self.plateau = _non_negative(plateau, "plateau") if plateau != math.inf else math.inf
@@ -110,24 +109,44 @@ class GrowingHook(TransitionHook):
             raise ValueError(f"{_name('line_search')} must be True or False, got {line_search!r}")
         self.line_search = line_search
         self.births = _positive_int(births, "births")
-        count = _positive_int(n_centers, "n_centers")
-        slopes = tuple(s * 1.0 for s in (2, 4, 8, 16)) if scales is None else tuple(scales)
-        slopes = tuple(s / (hi - lo) for s in slopes) if scales is None else slopes
-        if not slopes or not all(
-            isinstance(s, numbers.Real) and math.isfinite(s) and s > 0 for s in slopes
+        self.n_centers = _positive_int(n_centers, "n_centers")
+        if scales is not None and not (
+            scales
+            and all(isinstance(s, numbers.Real) and math.isfinite(s) and s > 0 for s in scales)
         ):
             raise ValueError(f"{_name('scales')} must be finite numbers > 0, got {scales!r}")
+        self.scales = None if scales is None else tuple(float(s) for s in scales)
         if not orders or not all(
             isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 0 for n in orders
         ):
             raise ValueError(f"{_name('orders')} must be integers >= 0, got {orders!r}")
-        self._scorer = CandidateScorer(self.domain, count, slopes, tuple(orders), n_points)
-        self.candidates = self._scorer.candidates
+        self.orders = tuple(int(n) for n in orders)
+        self._scorers: dict[Domain, CandidateScorer] = {}
+        shared = domains.shared
+        self.candidates = (
+            self._scorer("").candidates
+            if shared is not None
+            else {path: self._scorer(path).candidates for path in domains.per_bank}
+        )
         self._previous: float | None = None
         self._at_birth: float | None = None
         self._since_birth = 0
         self._stopped = False
         self._quiet: dict[str, dict[int, int]] = {}
+
+    def _default_acceptance(self, domain: Domain) -> Any:
+        return _removal_acceptance(domain)
+
+    def _scorer(self, path: str) -> CandidateScorer:
+        """The candidates of the bank at `path`: a grid over its domain, slopes relative to
+        the domain's width unless `scales` were given."""
+        lo, hi = self._domains.of(path)
+        if (lo, hi) not in self._scorers:
+            slopes = self.scales or tuple(s / (hi - lo) for s in (2.0, 4.0, 8.0, 16.0))
+            self._scorers[lo, hi] = CandidateScorer(
+                (lo, hi), self.n_centers, slopes, self.orders, self.n_points
+            )
+        return self._scorers[lo, hi]
 
     def _adapter(self, path: str, n_banks: int, opt_state: Any) -> Any:
         adapter = super()._adapter(path, n_banks, opt_state)
@@ -199,7 +218,7 @@ class GrowingHook(TransitionHook):
         self, step: int, leaves: list, treedef: Any, i: int, state: Any, n: int, value: float
     ) -> Any:
         path, bank = jax.tree_util.keystr(leaves[i][0]), leaves[i][1]
-        grid = jnp.linspace(*self.domain, self.n_points, dtype=bank.centers.dtype)
+        grid = jnp.linspace(*self._domains.of(path), self.n_points, dtype=bank.centers.dtype)
         reference = self.prune_tol * float(jnp.max(jnp.abs(bank.forward(grid))))
         view = HostView.read(bank)
         live = _quiet_counts(view, bank.base, reference, self._quiet.get(path, {}))
@@ -310,7 +329,8 @@ class GrowingHook(TransitionHook):
             limit = bank.max_packs if self.max_active is None else self.max_active
             if free.size == 0 or int(np.sum(host["active"])) >= limit:
                 continue
-            scores, gradients = self._scorer.scores(self.objective, leaves, treedef, i)
+            path = jax.tree_util.keystr(leaves[i][0])
+            scores, gradients = self._scorer(path).scores(self.objective, leaves, treedef, i)
             j = int(np.argmax(scores))
             if best is None or scores[j] > best[0]:
                 best = (float(scores[j]), i, int(free[0]), j, float(gradients[j]))
@@ -322,7 +342,7 @@ class GrowingHook(TransitionHook):
     ) -> tuple[Any, float, bool]:  # fmt: skip
         """Birth candidate `best`, then line-search its weight; `(state, objective, born)`."""
         score, i, slot, j, gradient = best
-        pool = self.candidates
+        pool = self._scorer(jax.tree_util.keystr(leaves[i][0])).candidates
         pack = RefinedPack(
             int(pool["orders"][j]), float(pool["centers"][j]), 0.0, float(pool["scales"][j])
         )
@@ -348,7 +368,7 @@ class GrowingHook(TransitionHook):
         value: float, gradient: float,
     ) -> float:  # fmt: skip
         """Move the newborn's weight from 0 to `newborn_weight`'s and record it; the objective."""
-        born = leaves[i][1]
+        path, born = jax.tree_util.keystr(leaves[i][0]), leaves[i][1]
 
         def with_weight(weight: float) -> ConfluentPackBank:
             return dataclasses.replace(born, weights=born.weights.at[slot].set(weight))
@@ -365,8 +385,8 @@ class GrowingHook(TransitionHook):
         # A search that found no lower objective is a decision too: the newborn stays at 0.
         self.events.append(
             TransitionEvent(
-                int(step), jax.tree_util.keystr(leaves[i][0]), NEWBORN_WEIGHT, (ident,), moved,
-                self._change(born, leaves[i][1]) if moved else 0.0, value, after, weight,
+                int(step), path, NEWBORN_WEIGHT, (ident,), moved,
+                self._change(path, born, leaves[i][1]) if moved else 0.0, value, after, weight,
             )
         )  # fmt: skip
         return after

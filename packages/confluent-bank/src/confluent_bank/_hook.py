@@ -20,55 +20,13 @@ import jax.numpy as jnp
 from confluent_bank._bank import ConfluentPackBank
 from confluent_bank._bounds import within_error_budget
 from confluent_bank._commit import commit_transition
+from confluent_bank._domains import BankDomains, Domain, DomainSpec
+from confluent_bank._events import TransitionEvent
 from confluent_bank._host import transaction
 from confluent_bank._optimizer_state import NamedMomentState, OptimizerStateAdapter
 from confluent_bank._records import TransitionProposal
 
 Proposer = Callable[[int, str, ConfluentPackBank], TransitionProposal | None]
-
-
-@dataclasses.dataclass(frozen=True)
-class TransitionEvent:
-    """One attempted transition, as a `TransitionHook` recorded it.
-
-    **Fields:**
-
-    - `step`: optimiser steps completed when it was attempted (the next step sees its result).
-    - `path`: where the bank sits in the predictors, as `jax.tree_util.keystr` writes it.
-    - `kind`: the proposal's kind (`"centered_pair"`, `"zero_output_birth"`, ...).
-    - `slots`: the stable slot ids it touched.
-    - `accepted`: whether it was committed.
-    - `max_change`: `max |f_after(x) − f_before(x)|` over the hook's domain grid (0 when
-      rejected).
-    - `loss_before`, `loss_after`: the hook's `objective` at the predictors just before and
-      just after the commit, or `None` without an objective.
-    - `score`: why the policy made this decision, or `None` for a user policy. The growing
-      policy (`TransitionHook.growing`) records, for a `"zero_output_birth"`, the normalised
-      gradient `|∂objective/∂w| / ‖φ‖` of the chosen candidate; for a merge, the collision's
-      distance `|s·(c₁ − c₂)|`; for a `"remove_near_zero"`, the atom's largest contribution
-      `|w|·|s|ⁿ·sup|σ⁽ⁿ⁾|`; for a `"newborn_weight"` (a newborn's weight moved from 0 by a
-      line search, not a commit), the weight it was given (0, refused, when no weight
-      lowered the objective); for a `"stop_growing"` decision
-      (no slots, nothing committed), the relative improvement of the objective since the
-      last birth.
-
-    `dataclasses.asdict(event)` is JSON-serialisable, and `TransitionEvent(**that_dict)` gives
-    the event back.
-    """
-
-    step: int
-    path: str
-    kind: str
-    slots: tuple[int, ...]
-    accepted: bool
-    max_change: float
-    loss_before: float | None = None
-    loss_after: float | None = None
-    score: float | None = None
-
-    def __post_init__(self) -> None:
-        # A dict read back from JSON holds a list; the event keeps the tuple it was made with.
-        object.__setattr__(self, "slots", tuple(int(i) for i in self.slots))
 
 
 def _is_bank(node: Any) -> bool:
@@ -104,10 +62,13 @@ class TransitionHook:
 
     - `propose`: `(step, path, bank) -> TransitionProposal | None`, the policy; `path` is the
       bank's key string in `predictors` (`"[0]"`, `".bank"`, `""` for a bare bank).
-    - `domain`: `(lo, hi)`, the inputs the bank must stay accurate on. The function change of
-      each commit is measured on `n_points` points of it, and the default `acceptance` is
-      `within_error_budget(domain)`.
-    - `acceptance`: `(bank, proposal) -> bool`; default `within_error_budget(domain)`.
+    - `domain`: `(lo, hi)`, the inputs the banks must stay accurate on; or, for banks whose
+      inputs differ, a mapping `{path: (lo, hi)}` with one entry per bank (the `path` its
+      events carry, e.g. `{"[0]": (0.0, 20.0), "[1]": (0.0, 2.0)}`). The function change of
+      each commit is measured on `n_points` points of the bank's domain, and the default
+      `acceptance` is `within_error_budget` of it.
+    - `acceptance`: `(bank, proposal) -> bool`, for every bank; default
+      `within_error_budget(domain)` of each bank's domain.
     - `adapter`: `path -> OptimizerStateAdapter` for the bank at `path`. The default is
       `confluent_bank.optax.commit_adapter(path=...)` for optax states (with the bank's path
       only when `predictors` holds several banks, so a single bank is found wherever the
@@ -117,14 +78,15 @@ class TransitionHook:
       each commit (recorded in the event).
     - `n_points`: grid size for `max_change` (default 401).
 
-    **Raises:** `ValueError` for a malformed `domain` or `n_points < 2`; `TypeError` when
+    **Raises:** `ValueError` for a malformed `domain` or `n_points < 2`, and (from
+    `between_steps`) for a bank whose path a `domain` mapping lacks; `TypeError` when
     `propose` is not callable or returns something other than a proposal or `None`.
     """
 
     def __init__(
         self,
         propose: Proposer,
-        domain: tuple[float, float],
+        domain: DomainSpec,
         *,
         acceptance: Callable[[ConfluentPackBank, TransitionProposal], bool] | None = None,
         adapter: Callable[[str], OptimizerStateAdapter[Any]] | None = None,
@@ -134,12 +96,19 @@ class TransitionHook:
     ) -> None:
         if not callable(propose):
             raise TypeError(f"TransitionHook: propose must be callable, got {propose!r}")
-        default_acceptance = within_error_budget(domain)  # validates domain
+        self._domains = BankDomains(domain, "TransitionHook")
         if isinstance(n_points, bool) or not isinstance(n_points, int) or n_points < 2:
             raise ValueError(f"TransitionHook: n_points must be an integer >= 2, got {n_points!r}")
         self.propose = propose
-        self.domain = (float(domain[0]), float(domain[1]))
-        self.acceptance = default_acceptance if acceptance is None else acceptance
+        self.domain = self._domains.given
+        self._acceptances: dict[Domain, Callable[[ConfluentPackBank, TransitionProposal], bool]]
+        self._acceptances = {}
+        self._user_acceptance = acceptance
+        # The acceptance every bank gets: the user's, or the default of a shared domain (with
+        # a mapping, each bank's default is built from its own domain when it is visited).
+        self.acceptance = acceptance
+        if acceptance is None and self._domains.shared is not None:
+            self.acceptance = self._acceptance("")
         self.adapter = adapter
         self.retract = retract
         self.objective = objective
@@ -150,7 +119,7 @@ class TransitionHook:
     def growing(
         cls,
         objective: Callable[[Any], Any],
-        domain: tuple[float, float],
+        domain: DomainSpec,
         *,
         every: int = 20,
         max_active: int | None = None,
@@ -222,7 +191,11 @@ class TransitionHook:
           or a validation loss. Evaluated once per check and differentiated once per birth
           with each bank replaced by a larger one (the candidates appended), so it must work
           for any capacity (call the bank's `forward`, not its slot blocks); jit it.
-        - `domain`: `(lo, hi)` with `lo < hi`, the bank's inputs.
+        - `domain`: `(lo, hi)` with `lo < hi`, the banks' inputs; or, when several banks see
+          inputs on different scales, a mapping `{path: (lo, hi)}` with one entry per bank
+          (`path` as the events write it, e.g. `{"[0]": (0.0, 20.0), "[1]": (0.0, 0.5)}`).
+          Each bank's candidates, default `scales`, removal threshold and `max_change` then
+          use its own domain.
         - `every`: steps between checks (default 20). A check costs one objective evaluation,
           a birth one gradient and two evaluations. Adam needs some steps to use a newborn
           weight: with the defaults a bank grown from 2 atoms beat a hand-placed one in 160
@@ -355,7 +328,7 @@ class TransitionHook:
                 proposal,
                 opt_state,
                 between_steps=True,
-                acceptance=self.acceptance,
+                acceptance=self._acceptance(path),
                 state_adapter=self._adapter(path, n_banks, opt_state),
             )
         leaves[i] = (leaves[i][0], new_bank)
@@ -369,7 +342,7 @@ class TransitionHook:
                 kind=proposal.kind,
                 slots=tuple(int(s) for s in proposal.slot_ids),
                 accepted=bool(accepted),
-                max_change=self._change(bank, new_bank) if accepted else 0.0,
+                max_change=self._change(path, bank, new_bank) if accepted else 0.0,
                 loss_before=before,
                 loss_after=after,
                 score=score,
@@ -389,6 +362,20 @@ class TransitionHook:
         # One bank is found wherever the optimiser's params put it; several need their paths.
         return cbo.commit_adapter(path=path if n_banks > 1 else None)
 
-    def _change(self, before: ConfluentPackBank, after: ConfluentPackBank) -> float:
-        grid = jnp.linspace(*self.domain, self.n_points, dtype=before.centers.dtype)
+    def _acceptance(self, path: str) -> Callable[[ConfluentPackBank, TransitionProposal], bool]:
+        """The user's `acceptance`, or the default for the bank at `path` (one per domain)."""
+        if self._user_acceptance is not None:
+            return self._user_acceptance
+        domain = self._domains.of(path)
+        if domain not in self._acceptances:
+            self._acceptances[domain] = self._default_acceptance(domain)
+        return self._acceptances[domain]
+
+    def _default_acceptance(
+        self, domain: Domain
+    ) -> Callable[[ConfluentPackBank, TransitionProposal], bool]:
+        return within_error_budget(domain)
+
+    def _change(self, path: str, before: ConfluentPackBank, after: ConfluentPackBank) -> float:
+        grid = jnp.linspace(*self._domains.of(path), self.n_points, dtype=before.centers.dtype)
         return float(jnp.max(jnp.abs(after.forward(grid) - before.forward(grid))))
