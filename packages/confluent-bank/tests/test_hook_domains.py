@@ -105,6 +105,19 @@ def test_a_mapping_without_a_banks_path_is_refused_naming_it():
         _grow(hook, 1)
 
 
+@pytest.mark.parametrize("growing", [True, False])
+def test_a_wrong_path_is_refused_at_the_first_call_not_the_first_check(growing):
+    domains = {".wide": WIDE, ".narrow": NARROW}  # the user guessed the paths
+    if growing:
+        hook = cb.TransitionHook.growing(_objective, domains, every=20)
+    else:
+        hook = cb.TransitionHook(lambda step, path, bank: None, domains)
+    predictors = _banks()
+    state = optax.adam(1e-2).init(tuple(bank.parameters for bank in predictors))
+    with pytest.raises(ValueError, match=r"no entry for the bank at '\[0\]'"):
+        hook.between_steps(1, predictors, state)
+
+
 @pytest.mark.parametrize(
     ("domain", "match"),
     [

@@ -76,6 +76,12 @@ class BankDomains:
         """The domain as the hook holds it: `(lo, hi)`, or `{path: (lo, hi)}`."""
         return self.shared if self.shared is not None else dict(self.per_bank)
 
+    def check(self, paths: list[str]) -> None:
+        """Refuse, naming it, the first of `paths` a mapping has no entry for (a hook checks
+        the banks it visits on every call, so a wrong key fails at the first step)."""
+        for path in paths:
+            self.of(path)
+
     def of(self, path: str) -> Domain:
         """The domain of the bank at `path`.
 

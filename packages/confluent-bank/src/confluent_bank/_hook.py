@@ -278,6 +278,7 @@ class TransitionHook:
         leaves, treedef = jax.tree_util.tree_flatten_with_path(predictors, is_leaf=_is_bank)
         leaves = list(leaves)
         banks = [i for i, (_, leaf) in enumerate(leaves) if _is_bank(leaf)]
+        self._domains.check([jax.tree_util.keystr(leaves[i][0]) for i in banks])
         for i in banks:
             path, bank = jax.tree_util.keystr(leaves[i][0]), leaves[i][1]
             # One host transaction per bank: the policy's proposals, the commit and its
