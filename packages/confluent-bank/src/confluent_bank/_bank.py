@@ -45,13 +45,15 @@ class ConfluentPackBank:
     truncated moment expansion (spec section 1).
 
     Pytree children are the fourteen state blocks in `STATE_NAMES` order (every array, including
-    integer/bool metadata, is a traced leaf, so transitions never recompile); `max_order` and
-    `base` are static aux data. Build one with `init_confluent_bank` / `ConfluentPackBank.create`.
+    integer/bool metadata, is a traced leaf, so transitions never recompile); `max_order`,
+    `base` and `max_pairs` are static aux data. Build one with `init_confluent_bank` /
+    `ConfluentPackBank.create`.
 
     **Fields:** `centers`, `weights`, `scales`, `rho`, `odd_moments`, `directions`,
     `direction_bias` (all `(P,)`, float), `moment_coefficients` (`(P, max_order + 1)`, float),
     `orders`, `ages`, `modes`, `slot_ids` (`(P,)`, int), `active` (`(P,)`, bool),
-    `transition_version` (`()`, int), `max_order` (int), `base` (`"sigmoid"` or `"tanh"`).
+    `transition_version` (`()`, int), `max_order` (int), `base` (`"sigmoid"` or `"tanh"`),
+    `max_pairs` (int `1..P`, the most centred pairs active at once, or `None`: any number).
     """
 
     centers: Array
@@ -70,21 +72,27 @@ class ConfluentPackBank:
     transition_version: Array
     max_order: int
     base: str
+    max_pairs: int | None = None
 
-    def tree_flatten(self) -> tuple[tuple[Array, ...], tuple[int, str]]:
-        return tuple(getattr(self, name) for name in STATE_NAMES), (self.max_order, self.base)
+    def tree_flatten(self) -> tuple[tuple[Array, ...], tuple[int, str, int | None]]:
+        children = tuple(getattr(self, name) for name in STATE_NAMES)
+        return children, (self.max_order, self.base, self.max_pairs)
 
-    def tree_flatten_with_keys(self) -> tuple[tuple[tuple[Any, Array], ...], tuple[int, str]]:
+    def tree_flatten_with_keys(
+        self,
+    ) -> tuple[tuple[tuple[Any, Array], ...], tuple[int, str, int | None]]:
         # Named keys, so key paths read `bank.scales` (masks, freezers and error messages).
         children = tuple(
             (jax.tree_util.GetAttrKey(name), getattr(self, name)) for name in STATE_NAMES
         )
-        return children, (self.max_order, self.base)
+        return children, (self.max_order, self.base, self.max_pairs)
 
     @classmethod
-    def tree_unflatten(cls, aux: tuple[int, str], children: Sequence[Any]) -> ConfluentPackBank:
+    def tree_unflatten(
+        cls, aux: tuple[int, str, int | None], children: Sequence[Any]
+    ) -> ConfluentPackBank:
         values = dict(zip(STATE_NAMES, children, strict=True))
-        return cls(**values, max_order=aux[0], base=aux[1])
+        return cls(**values, max_order=aux[0], base=aux[1], max_pairs=aux[2])
 
     @classmethod
     def create(
@@ -95,10 +103,16 @@ class ConfluentPackBank:
         max_order: int = 8,
         base: str = "sigmoid",
         dtype: Any = None,
+        max_pairs: int | None = None,
     ) -> ConfluentPackBank:
         """Same as `init_confluent_bank`."""
         return init_confluent_bank(
-            packs, max_packs=max_packs, max_order=max_order, base=base, dtype=dtype
+            packs,
+            max_packs=max_packs,
+            max_order=max_order,
+            base=base,
+            dtype=dtype,
+            max_pairs=max_pairs,
         )
 
     @property
@@ -212,7 +226,12 @@ class ConfluentPackBank:
 
         Reads the device once. See `snapshot_digest`.
         """
-        return snapshot_from_host(read_host_state(self), base=self.base, max_order=self.max_order)
+        return snapshot_from_host(
+            read_host_state(self),
+            base=self.base,
+            max_order=self.max_order,
+            max_pairs=self.max_pairs,
+        )
 
     def checkpoint(self) -> dict[str, Any]:
         """`{"schema_version": 1, "base", "max_order", "state": portable_snapshot()}`."""
@@ -255,6 +274,7 @@ def init_confluent_bank(
     max_order: int = 8,
     base: str = "sigmoid",
     dtype: Any = None,
+    max_pairs: int | None = None,
 ) -> ConfluentPackBank:
     """A bank with `packs` in slots `0..len(packs) − 1` and empty slots after them.
 
@@ -268,8 +288,17 @@ def init_confluent_bank(
     - `base`: `"sigmoid"` or `"tanh"`.
     - `dtype`: real floating dtype of the trainable blocks; `None` gives JAX's default float
       (float64 with x64 enabled). Metadata uses JAX's default integer.
+    - `max_pairs`: the most centred pairs the bank holds at once, `1 ≤ max_pairs ≤ max_packs`;
+      `None` (default): any number. The pair formulas are evaluated on this many slots only
+      (the active pairs, gathered), so a bank that holds one pair at a time is best built with
+      `max_pairs=1`: inside an ODE its step then costs about what an ordinary bank's does,
+      where with `None` every slot pays for the pair formulas while any pair is active
+      (`benchmarks/bank_in_ode.py`). A commit that would make more pairs active is refused
+      (`ValueError`) and `detect_transitions` proposes no merge while the bank is full. Static,
+      like `max_order`: kernels compile once per value.
 
-    Raises `ValueError` for a bad base, capacity or order, a `max_order` above the dtype's limit,
+    Raises `ValueError` for a bad base, capacity or order, a `max_pairs` outside
+    `1..max_packs`, a `max_order` above the dtype's limit,
     a bank that would not fit in this machine's physical memory (the message states the bytes
     it would need; checked before anything is allocated) or whose slot ids would not fit the
     metadata integer, too many packs, a pack order above `max_order`, and a pack value that
@@ -284,6 +313,7 @@ def init_confluent_bank(
             "positive capacity, nonnegative order, and sigmoid/tanh are required; got "
             f"max_packs={max_packs}, max_order={max_order}, base={base!r}"
         )
+    max_pairs = pair_capacity(max_pairs, max_packs)
     live = tuple(packs)
     for pack in live:
         if not isinstance(pack, RefinedPack):
@@ -329,7 +359,20 @@ def init_confluent_bank(
         "transition_version": np.asarray(0, dtype=int_dtype),
     }
     blocks = jax.device_put(tuple(host[name] for name in STATE_NAMES))
-    return ConfluentPackBank(*blocks, max_order=max_order, base=base)
+    return ConfluentPackBank(*blocks, max_order=max_order, base=base, max_pairs=max_pairs)
+
+
+def pair_capacity(max_pairs: Any, max_packs: int) -> int | None:
+    """`max_pairs` validated against the capacity: `None`, or an int in `1..max_packs`."""
+    if max_pairs is None:
+        return None
+    max_pairs = as_index(max_pairs, "max_pairs", "an integer or None")
+    if not 1 <= max_pairs <= max_packs:
+        raise ValueError(
+            f"max_pairs must be in 1..max_packs={max_packs} (or None for any number of pairs), "
+            f"got {max_pairs}"
+        )
+    return max_pairs
 
 
 def _refuse_non_finite(parameters: Mapping[str, Any]) -> None:

@@ -36,6 +36,7 @@ from confluent_bank._host import (
     snapshot_digest,
 )
 from confluent_bank._paths import read_file
+from confluent_bank._records import SlotMode
 
 _TOP_LEVEL = {"schema_version", "base", "max_order", "state"}
 _BLOCK_KEYS = {"shape", "dtype", "values"}
@@ -134,13 +135,14 @@ def bank_from_checkpoint(checkpoint: Mapping[str, Any]) -> ConfluentPackBank:
     the state ("configuration"), a wrong shape, dtype, value count or value type, non-finite
     values, or invalid representation metadata ("representation").
     """
-    arrays, max_order, base = _validated(checkpoint)
+    arrays, max_order, base, max_pairs = _validated(checkpoint)
     device = jax.device_put(tuple(arrays[name] for name in STATE_NAMES))
-    return ConfluentPackBank(*device, max_order=max_order, base=base)
+    return ConfluentPackBank(*device, max_order=max_order, base=base, max_pairs=max_pairs)
 
 
-def _validated(checkpoint: Any) -> tuple[dict[str, np.ndarray], int, str]:
-    """Every check of `bank_from_checkpoint`; the host arrays, `max_order` and `base`."""
+def _validated(checkpoint: Any) -> tuple[dict[str, np.ndarray], int, str, int | None]:
+    """Every check of `bank_from_checkpoint`; the host arrays, `max_order`, `base` and
+    `max_pairs`."""
     if not isinstance(checkpoint, Mapping):
         raise ValueError(f"checkpoint must be a mapping, got {type(checkpoint).__name__}")
     schema = checkpoint.get("schema_version")
@@ -171,13 +173,25 @@ def _validated(checkpoint: Any) -> tuple[dict[str, np.ndarray], int, str]:
     float_dtype = _dtype("centers", center_dtype)
     if not jnp.issubdtype(float_dtype, jnp.floating):
         raise ValueError("checkpoint trainables must share a real floating dtype")
+    stored = state[_CONFIGURATION]
+    max_pairs = stored.get("max_pairs") if isinstance(stored, Mapping) else None
+    if max_pairs is not None and not _is_int(max_pairs):
+        raise ValueError(f"checkpoint max_pairs must be an integer, got {max_pairs!r}")
     fresh = init_confluent_bank(
-        (), max_packs=center_shape[0], max_order=max_order, base=base, dtype=float_dtype
+        (),
+        max_packs=center_shape[0],
+        max_order=max_order,
+        base=base,
+        dtype=float_dtype,
+        max_pairs=max_pairs,
     )
     expected_configuration = configuration(
-        base=fresh.base, max_order=fresh.max_order, max_packs=fresh.max_packs
+        base=fresh.base,
+        max_order=fresh.max_order,
+        max_packs=fresh.max_packs,
+        max_pairs=fresh.max_pairs,
     )
-    if state[_CONFIGURATION] != expected_configuration:
+    if stored != expected_configuration:
         raise ValueError("checkpoint configuration disagrees with its bound state")
 
     arrays: dict[str, np.ndarray] = {}
@@ -203,9 +217,13 @@ def _validated(checkpoint: Any) -> tuple[dict[str, np.ndarray], int, str]:
         arrays[name] = _values(name, values, dtype, shape)
 
     problems = representation_problems(arrays, max_order=max_order)
+    if max_pairs is not None:
+        pairs = int(np.sum(arrays["active"] & (arrays["modes"] == SlotMode.PAIR)))
+        if pairs > max_pairs:
+            problems.append(f"{pairs} active centred pairs above max_pairs={max_pairs}")
     if problems:
         raise ValueError(f"checkpoint representation state is invalid: {', '.join(problems)}")
-    return arrays, max_order, base
+    return arrays, max_order, base, max_pairs
 
 
 def _reject_constant(name: str) -> float:

@@ -25,7 +25,7 @@ from confluent_bank._host import STATE_NAMES, HostView, representation_problems,
 from confluent_bank._named_moments import reset_slot_state
 from confluent_bank._optimizer_state import NamedMomentState, OptimizerStateAdapter
 from confluent_bank._proposals import _pair_proposal
-from confluent_bank._records import SlotUpdate, TransitionProposal
+from confluent_bank._records import SlotMode, SlotUpdate, TransitionProposal
 from confluent_bank._verify import check_implied_updates
 
 if TYPE_CHECKING:
@@ -175,7 +175,8 @@ def commit_transition(
     not its rule's ("tampered or inconsistent"), or an update that names a fixed or unknown
     block, a slot outside the proposal, a wrong row shape, a value the block's dtype cannot
     hold (overflow included) or a value outside the representation's ranges (modes 0..2,
-    orders 0..max_order, `rho ≥ 0`, `ages ≥ 0`); `TypeError` ("explicit") for a
+    orders 0..max_order, `rho ≥ 0`, `ages ≥ 0`), or an accepted transition that would leave
+    more centred pairs active than the bank's `max_pairs`; `TypeError` ("explicit") for a
     non-`NamedMomentState` state without adapter.
     """
     if not between_steps:
@@ -219,6 +220,7 @@ def _commit(
     if not acceptance(bank, proposal):
         return bank, optimizer_state, False
     changed = _apply_updates(view.host, proposal.updates, slots, view.max_order)
+    _check_pair_capacity(view, changed)
     candidate = _candidate(bank, view.host, changed)
     if state_adapter is None:
         if not isinstance(optimizer_state, NamedMomentState):
@@ -236,6 +238,25 @@ def _commit(
     if postcondition is not None and not postcondition(candidate):
         return bank, optimizer_state, False
     return candidate, next_state, True
+
+
+def _active_pairs(host: Mapping[str, np.ndarray]) -> int:
+    return int(np.sum(host["active"] & (host["modes"] == SlotMode.PAIR)))
+
+
+def _check_pair_capacity(view: HostView, changed: Mapping[str, np.ndarray]) -> None:
+    """Refuse a transition that leaves more centred pairs active than `max_pairs`: the forward
+    evaluates the pair formulas on that many slots only."""
+    if view.max_pairs is None:
+        return
+    pairs = _active_pairs({**view.host, **changed})
+    if pairs > view.max_pairs:
+        raise ValueError(
+            f"the transition would leave {pairs} centred pairs active, above the bank's "
+            f"max_pairs={view.max_pairs}; build the bank with a larger max_pairs "
+            "(init_confluent_bank(..., max_pairs=...)), or turn a pair into its derivative atom "
+            "first (propose_derivative)"
+        )
 
 
 def _score(conditioning_score: Callable[[Any], Any], bank: Any) -> float:
@@ -267,6 +288,9 @@ def detect_transitions(
     All returned proposals share one source digest: after committing one, the others are
     stale and the search must be rerun.
 
+    A bank built with `max_pairs` that already holds that many active pairs gets no proposal
+    (each would be refused at commit).
+
     **Arguments:**
 
     - `bank`: a `ConfluentPackBank`.
@@ -285,6 +309,8 @@ def detect_transitions(
     baseline = _score(conditioning_score, bank)
     view = HostView.read(bank)
     ranked: list[tuple[float, tuple[int, ...], TransitionProposal]] = []
+    if view.max_pairs is not None and _active_pairs(view.host) >= view.max_pairs:
+        return ()  # every merge would be refused at commit
     for first in range(view.max_packs):
         for second in range(first + 1, view.max_packs):
             try:

@@ -7,14 +7,16 @@ combination of the Riccati polynomials), elementwise over `(P, *z.shape)`. The p
 depends neither on the capacity `P` nor on the orders the slots hold, and its `z`-derivative is
 the same series shifted by one row. The centred pairs' formulas run in a `lax.cond`, only while
 a pair is active; the branch is chosen at run time from the traced metadata, so commits never
-recompile.
+recompile. A bank built with `max_pairs` runs them on that many rows only, into which the active
+pairs are gathered.
 
-The bank is duck-typed (its blocks, `base` and `max_order`), so this module does not import
-`_bank`.
+The bank is duck-typed (its blocks, `base`, `max_order` and `max_pairs`), so this module does not
+import `_bank`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -45,8 +47,10 @@ def bank_slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
     Rows of order `n ≥ 1` share the factor `σ'(u)`, taken out exactly, so where the activation
     has saturated they are exactly 0, as the rows are. The centred pairs' formulas run only
     while a pair is active (a `lax.cond` on the traced metadata, rematerialised in reverse
-    mode), so a commit never recompiles. Jitted (one compilation per input shape and bank
-    configuration), so eager calls are fast as well.
+    mode), so a commit never recompiles; with `bank.max_pairs` set, on that many gathered rows
+    instead of every slot (the same values bit for bit). A bank edited by hand to hold more
+    active pairs than `max_pairs` gives NaN for the pairs beyond it. Jitted (one compilation
+    per input shape and bank configuration), so eager calls are fast as well.
 
     At `z = ±∞` every slot gives its limit (`w·σ(±∞)` for order 0, 0 for higher orders, the
     limits of both activations of a pair, `M_0·σ(±∞)` for moments), with finite gradients. A
@@ -113,10 +117,6 @@ def _pair_slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
     return bank.weights[per_slot] * first + bank.odd_moments[per_slot] * second
 
 
-def _no_pairs(bank: ConfluentPackBank, z: Array) -> Array:
-    return jnp.zeros(bank.scales.shape + z.shape, dtype=jnp.result_type(bank.scales, z))
-
-
 def _pair_limits(bank: ConfluentPackBank, direction: float | Array) -> tuple[Array, Array]:
     """Every slot's pair term as `z → direction·∞`, shape `(P,)`, and where it replaces the
     value computed at the stand-in `z = 0` (everywhere but `s = 0` with `v = 0`, which does not
@@ -132,27 +132,91 @@ def _pair_limits(bank: ConfluentPackBank, direction: float | Array) -> tuple[Arr
     return jnp.where(divergent, unbounded, pair), (s != 0) | (v != 0)
 
 
+_LANE_BLOCKS = (
+    "centers",
+    "weights",
+    "scales",
+    "rho",
+    "odd_moments",
+    "directions",
+    "direction_bias",
+)
+
+
 @jax.jit
 def _slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
     per_slot = (slice(None),) + (None,) * z.ndim
     value = _combined_terms(bank, z)
-    # The pair formulas run only while a pair is active (a run-time branch on the traced
-    # metadata, so a commit never recompiles), rematerialised in reverse mode: a cond otherwise
-    # makes the other branch output the pair's residuals too (zero-filled on CPU). The cond
-    # already keeps the recomputation apart from the forward, so no optimisation barrier
-    # (`prevent_cse`) is needed, and one would stop XLA fusing the recomputation (it made the
-    # mixed bank's gradient 1.6x slower in `benchmarks/bank_forward.py --simple`).
+    lanes = bank.max_pairs
+    if lanes is None or lanes >= bank.scales.shape[0]:
+        pair = _every_slot_pairs(bank, z)
+    else:
+        pair = _gathered_pairs(bank, z, lanes)
+    value = jnp.where((bank.modes == SlotMode.PAIR)[per_slot], pair, value)
+    return jnp.where(bank.active[per_slot], value, jnp.zeros_like(value))
+
+
+def _pair_branch(bank: ConfluentPackBank, z: Array, lanes: int) -> Array:
+    """The pair formulas on `bank`'s `lanes` rows, only while a pair is active: a run-time
+    branch on the traced metadata, so a commit never recompiles, rematerialised in reverse
+    mode (a cond otherwise makes the other branch output the pair's residuals too, zero-filled
+    on CPU). The cond already keeps the recomputation apart from the forward, so no
+    optimisation barrier (`prevent_cse`) is needed, and one would stop XLA fusing the
+    recomputation (it made the mixed bank's gradient 1.6x slower in
+    `benchmarks/bank_forward.py --simple`)."""
     pairs = jnp.any(bank.active & (bank.modes == SlotMode.PAIR))
+
+    def no_pairs(bank: ConfluentPackBank, z: Array) -> Array:
+        return jnp.zeros((lanes, *z.shape), dtype=jnp.result_type(bank.scales, z))
+
     rematerialised = jax.checkpoint(_pair_slot_terms, prevent_cse=False)
-    pair = jax.lax.cond(pairs, rematerialised, _no_pairs, bank, z)
-    # Both limits in one vectorised trace (one copy of the limit formulas in the program).
+    return jax.lax.cond(pairs, rematerialised, no_pairs, bank, z)
+
+
+def _with_limits(bank: ConfluentPackBank, z: Array, pair: Array) -> Array:
+    """`pair` (shape `(P, *z.shape)`, one row per slot of `bank`) with each slot's limit at
+    `z = ±∞`; both limits in one vectorised trace (one copy of the limit formulas)."""
+    per_slot = (slice(None),) + (None,) * z.ndim
     directions = jnp.asarray([1.0, -1.0], dtype=bank.scales.dtype)
     limits, replaced = jax.vmap(_pair_limits, in_axes=(None, 0))(bank, directions)
     for index, direction in enumerate((1.0, -1.0)):
         at_limit = (z == direction * np.inf)[None] & replaced[index][per_slot]
         pair = jnp.where(at_limit, limits[index][per_slot], pair)
-    value = jnp.where((bank.modes == SlotMode.PAIR)[per_slot], pair, value)
-    return jnp.where(bank.active[per_slot], value, jnp.zeros_like(value))
+    return pair
+
+
+def _every_slot_pairs(bank: ConfluentPackBank, z: Array) -> Array:
+    """Every slot's pair term, shape `(P, *z.shape)` (a bank without `max_pairs`)."""
+    return _with_limits(bank, z, _pair_branch(bank, z, bank.scales.shape[0]))
+
+
+def _gathered_pairs(bank: ConfluentPackBank, z: Array, lanes: int) -> Array:
+    """The pair terms of the first `lanes` active pairs, shape `(P, *z.shape)` (zeros elsewhere).
+
+    Inside an ODE the pair formulas cost in proportion to the slots they run on (about
+    `lanes/P` of the every-slot branch plus a fixed part, `benchmarks/bank_in_ode.py`), so the
+    active pairs' parameters are gathered into `lanes` rows, evaluated there and put back.
+    Gathering and putting back are masked sums with one-hot weights (elementwise, so XLA fuses
+    them; their gradients reach the gathered slots only). Empty rows hold all-zero parameters,
+    which the formulas evaluate to finite values that nothing reads. A pair beyond the first
+    `lanes` (only a bank edited by hand gets one: commits refuse it) gives NaN, not a silently
+    missing term.
+    """
+    per_slot = (slice(None),) + (None,) * z.ndim
+    is_pair = bank.active & (bank.modes == SlotMode.PAIR)
+    rank = jnp.cumsum(is_pair) - 1
+    one_hot = is_pair[None, :] & (rank[None, :] == jnp.arange(lanes)[:, None])  # (lanes, P)
+
+    def gather(block: Array) -> Array:
+        return jnp.sum(jnp.where(one_hot, block[None, :], jnp.zeros_like(block)[None, :]), axis=1)
+
+    rows = dataclasses.replace(bank, **{name: gather(getattr(bank, name)) for name in _LANE_BLOCKS})
+    lane = _with_limits(rows, z, _pair_branch(rows, z, lanes))
+    per_lane = (slice(None), slice(None)) + (None,) * z.ndim
+    picked = jnp.where(one_hot[per_lane], lane[:, None], jnp.zeros_like(lane)[:, None])
+    pair = jnp.sum(picked, axis=0)
+    beyond = is_pair & (rank >= lanes)
+    return jnp.where(beyond[per_slot], jnp.full_like(pair, np.nan), pair)
 
 
 def _all_terms(bank: ConfluentPackBank, z: Array) -> Array:

@@ -149,7 +149,7 @@ class TransitionHook:
         2. **merges** colliding atoms (ordinary order-0 atoms with one common input slope `s`
            and `|s·(c₁ − c₂)| ≤ merge_distance`) into a centred pair, exactly, as ranked by
            `detect_transitions` with minus the number of collisions as its score (atoms whose
-           slopes are trained apart never collide);
+           slopes are trained apart never collide; none while a bank holds `max_pairs` pairs);
         3. **births**, on a plateau (the objective is not below `(1 − plateau)` times its lowest
            value since the last birth), the best candidate of all banks with room (fewer than
            `max_active` active slots): a zero-output birth, exact, in the first free slot.

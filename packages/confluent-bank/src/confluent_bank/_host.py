@@ -70,15 +70,16 @@ def read_host_state(bank: Any) -> dict[str, np.ndarray]:
 class HostView:
     """One host copy of a bank's state, its static configuration and (lazily) its digest.
 
-    **Fields:** `host` (`{name: numpy array}` in `STATE_NAMES` order), `base`, `max_order`
-    and `source`, the bank object it was read from (a transaction hands this view to every
-    reader of that same object).
+    **Fields:** `host` (`{name: numpy array}` in `STATE_NAMES` order), `base`, `max_order`,
+    `source`, the bank object it was read from (a transaction hands this view to every reader
+    of that same object), and `max_pairs` (`None` when every slot may hold a pair).
     """
 
     host: dict[str, np.ndarray]
     base: str
     max_order: int
     source: Any = dataclasses.field(repr=False, default=None)
+    max_pairs: int | None = None
 
     @classmethod
     def read(cls, bank: Any) -> HostView:
@@ -86,7 +87,8 @@ class HostView:
         active = _ACTIVE.get()
         if active is not None and active.source is bank:
             return active
-        return cls(read_host_state(bank), str(bank.base), int(bank.max_order), bank)
+        max_pairs = getattr(bank, "max_pairs", None)
+        return cls(read_host_state(bank), str(bank.base), int(bank.max_order), bank, max_pairs)
 
     @property
     def max_packs(self) -> int:
@@ -100,7 +102,9 @@ class HostView:
     def digest(self) -> str:
         """`snapshot_digest` of the bank's portable snapshot, computed once per view."""
         return snapshot_digest(
-            snapshot_from_host(self.host, base=self.base, max_order=self.max_order)
+            snapshot_from_host(
+                self.host, base=self.base, max_order=self.max_order, max_pairs=self.max_pairs
+            )
         )
 
     def exact(self, name: str, slot: int) -> Fraction:
@@ -169,9 +173,15 @@ def representation_problems(blocks: Mapping[str, np.ndarray], *, max_order: int)
     return problems
 
 
-def configuration(*, base: str, max_order: int, max_packs: int) -> dict[str, Any]:
-    """The `"__configuration__"` entry of a portable snapshot."""
-    return {
+def configuration(
+    *, base: str, max_order: int, max_packs: int, max_pairs: int | None = None
+) -> dict[str, Any]:
+    """The `"__configuration__"` entry of a portable snapshot.
+
+    `"max_pairs"` is written only for a bank built with a pair capacity, so the snapshots and
+    digests of every other bank are those of the banks before the capacity existed.
+    """
+    entry: dict[str, Any] = {
         "activation": base,
         "max_order": max_order,
         "max_packs": max_packs,
@@ -179,10 +189,13 @@ def configuration(*, base: str, max_order: int, max_packs: int) -> dict[str, Any
         "series_terms": SERIES_TERMS,
         "series_radius": SERIES_RADIUS,
     }
+    if max_pairs is not None:
+        entry["max_pairs"] = max_pairs
+    return entry
 
 
 def snapshot_from_host(
-    host: Mapping[str, np.ndarray], *, base: str, max_order: int
+    host: Mapping[str, np.ndarray], *, base: str, max_order: int, max_pairs: int | None = None
 ) -> dict[str, Any]:
     """Build the portable snapshot (spec 2.3) from host arrays, without touching the device.
 
@@ -191,6 +204,7 @@ def snapshot_from_host(
     - `host`: the output of `read_host_state`.
     - `base`: the bank's activation name.
     - `max_order`: the bank's highest ordinary order.
+    - `max_pairs`: the bank's pair capacity (`None`: every slot).
 
     **Returns:** `{name: {"shape", "dtype", "values"}}` for every state block plus
     `"__configuration__"`.
@@ -204,7 +218,10 @@ def snapshot_from_host(
             "values": value.reshape(-1).tolist(),
         }
     snapshot["__configuration__"] = configuration(
-        base=base, max_order=int(max_order), max_packs=int(np.shape(host["centers"])[0])
+        base=base,
+        max_order=int(max_order),
+        max_packs=int(np.shape(host["centers"])[0]),
+        max_pairs=max_pairs,
     )
     return snapshot
 
