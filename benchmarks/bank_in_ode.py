@@ -6,10 +6,13 @@ atol 1e-10), trained through `hybrid_kernels.train_with_optax` (one phase of Ada
 `verbose=False`) with the learned term `g` one of:
 
 - `mlp`: an `eqx.nn.MLP(1, 1, 16, 2, tanh)` (the baseline; weights scaled by 0.1);
-- `bank`: the example's bank, 6 ordinary order-0 atoms (8 slots, `max_order=3`), its scales
-  frozen, trained with the example's hook (it retracts `rho` after every step);
+- `bank`: the example's bank, 6 ordinary order-0 atoms (8 slots, `max_order=3`,
+  `max_pairs=1`), its scales frozen, trained with the example's hook (it retracts `rho` after
+  every step);
 - `bank+pair`: the same bank after one centred-pair commit (the best merge
   `detect_transitions` finds), made before training;
+- `bank+pair/unbounded`: the same, the bank built with `max_pairs=None` (the pair formulas on
+  every slot, as every bank evaluated them before `max_pairs`);
 - `bank+moments`: the same bank after a truncated-moment commit (the two closest atoms to one
   order-3 moment slot), made before training.
 
@@ -41,7 +44,7 @@ from pathlib import Path
 import _fresh
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-VARIANTS = ("mlp", "bank", "bank+pair", "bank+moments")
+VARIANTS = ("mlp", "bank", "bank+pair", "bank+moments", "bank+pair/unbounded")
 LR = 0.02
 
 
@@ -96,7 +99,9 @@ def _worker(variant: str, data: str, steps: int) -> dict:
             return solver.diffeqsolve(diffrax.ODETerm(vector_field), ts, y0).ys
 
     else:
-        bank = _committed(variant, P.initial_bank(jnp.float64), domain, cb, cbo, optax)
+        max_pairs = None if variant.endswith("/unbounded") else 1
+        start = P.initial_bank(jnp.float64, max_pairs=max_pairs)
+        bank = _committed(variant, start, domain, cb, cbo, optax)
         predictors, simulate = (bank,), P.simulate
         trainable = P.bank_trainable(predictors)
         hooks = P.transition_hook({}, domain)  # retracts rho after every step, as the tests
@@ -127,7 +132,7 @@ def _committed(variant, bank, domain, cb, cbo, optax):
         return bank
     import hybrid_problem as P
 
-    if variant == "bank+pair":
+    if variant.startswith("bank+pair"):
         proposal = cb.detect_transitions(bank, P.collinearity_score)[0]
     else:
         centres, live = np.asarray(bank.centers), np.flatnonzero(np.asarray(bank.active))
@@ -143,7 +148,7 @@ def _committed(variant, bank, domain, cb, cbo, optax):
         acceptance=lambda *_: True,  # a cost benchmark: the commit's size does not matter
         state_adapter=cbo.commit_adapter(),
     )
-    assert accepted and (variant == "bank+pair") == (proposal.kind == "centered_pair")
+    assert accepted and variant.startswith("bank+pair") == (proposal.kind == "centered_pair")
     return bank
 
 

@@ -98,14 +98,22 @@ def make_experiments(size: ProblemSize = ProblemSize(), *, seed: int = 0) -> lis
     return experiments
 
 
-def initial_bank(dtype: Any = None, *, max_packs: int = 8) -> cb.ConfluentPackBank:
-    """Six ordinary sigmoid atoms at the fixed scale, spread over the data range, two empty."""
+def initial_bank(
+    dtype: Any = None, *, max_packs: int = 8, max_pairs: int | None = 1
+) -> cb.ConfluentPackBank:
+    """Six ordinary sigmoid atoms at the fixed scale, spread over the data range, two empty.
+
+    ``max_pairs=1``: the standard plan holds one centred pair at a time, and a bank that says
+    so evaluates the pair formulas on one slot instead of all eight (the same values, a
+    cheaper step inside the ODE; ``benchmarks/bank_in_ode.py``)."""
     centres = np.linspace(-1.5, 1.5, 6)
     weights = 0.05 * np.array([1.0, -1.0, 1.0, -1.0, 1.0, -1.0])
     packs = [
         cb.RefinedPack(0, float(c), float(w), SCALE) for c, w in zip(centres, weights, strict=True)
     ]
-    return cb.init_confluent_bank(packs, max_packs=max_packs, max_order=3, dtype=dtype)
+    return cb.init_confluent_bank(
+        packs, max_packs=max_packs, max_order=3, dtype=dtype, max_pairs=max_pairs
+    )
 
 
 def two_broad_atoms(dtype: Any = None) -> cb.ConfluentPackBank:

@@ -102,7 +102,9 @@ def grown(problem) -> Run:
 @pytest.fixture(scope="module")
 def hand_placed(problem) -> Run:
     """Six atoms placed by hand at g's own slope, same steps; the hook only retracts."""
-    predictors = (P.initial_bank(jnp.float64),)
+    # The objective's trainable mask was built from the grown bank, whose static configuration
+    # (max_pairs=None) a mask must match.
+    predictors = (P.initial_bank(jnp.float64, max_pairs=None),)
     return train(problem, P.transition_hook({}, problem["domain"]), predictors)
 
 
