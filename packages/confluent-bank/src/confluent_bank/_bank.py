@@ -17,7 +17,6 @@ import numpy as np
 from jax import Array
 
 from confluent_bank import _proposals as proposals
-from confluent_bank._activations import _finite_tower_order
 from confluent_bank._atoms import retract_spread
 from confluent_bank._forward import bank_forward, bank_slot_terms
 from confluent_bank._host import (
@@ -27,6 +26,7 @@ from confluent_bank._host import (
     read_host_state,
     snapshot_from_host,
 )
+from confluent_bank._limits import cast_age, cast_pack, check_tower_order, pair_capacity
 from confluent_bank._records import RefinedPack, SlotMode, as_index
 from confluent_bank._sizes import check_confluent_bank_size
 
@@ -34,8 +34,6 @@ if TYPE_CHECKING:
     from confluent_bank._records import TransitionProposal
 
 _BASES = ("sigmoid", "tanh")
-_DERIVATIVE_HEADROOM = 4  # nested derivatives of the forward that stay within the tower limit
-_SPEC_TOWER_HEIGHT = 11  # the spec's centred-pair series reads rows 0..2T−1 with T = 6
 
 
 @jax.tree_util.register_pytree_with_keys_class
@@ -328,7 +326,7 @@ def init_confluent_bank(
     if not jnp.issubdtype(float_dtype, jnp.floating):
         raise ValueError(f"dtype must be a real floating dtype, got {float_dtype}")
     int_dtype = jnp.asarray(0).dtype
-    _check_tower_order(max_order, base, float_dtype)
+    check_tower_order(max_order, base, float_dtype)
     check_confluent_bank_size(max_packs, max_order, float_dtype, int_dtype)
     centers = np.zeros(max_packs, dtype=float_dtype)
     weights = np.zeros(max_packs, dtype=float_dtype)
@@ -337,8 +335,8 @@ def init_confluent_bank(
     ages = np.zeros(max_packs, dtype=int_dtype)
     active = np.zeros(max_packs, dtype=bool)
     for i, pack in enumerate(live):
-        centers[i], weights[i], scales[i] = _cast_pack(pack, i, float_dtype)
-        orders[i], ages[i], active[i] = pack.order, _cast_age(pack, i, int_dtype), True
+        centers[i], weights[i], scales[i] = cast_pack(pack, i, float_dtype)
+        orders[i], ages[i], active[i] = pack.order, cast_age(pack, i, int_dtype), True
     host = {
         "centers": centers,
         "weights": weights,
@@ -360,19 +358,6 @@ def init_confluent_bank(
     }
     blocks = jax.device_put(tuple(host[name] for name in STATE_NAMES))
     return ConfluentPackBank(*blocks, max_order=max_order, base=base, max_pairs=max_pairs)
-
-
-def pair_capacity(max_pairs: Any, max_packs: int) -> int | None:
-    """`max_pairs` validated against the capacity: `None`, or an int in `1..max_packs`."""
-    if max_pairs is None:
-        return None
-    max_pairs = as_index(max_pairs, "max_pairs", "an integer or None")
-    if not 1 <= max_pairs <= max_packs:
-        raise ValueError(
-            f"max_pairs must be in 1..max_packs={max_packs} (or None for any number of pairs), "
-            f"got {max_pairs}"
-        )
-    return max_pairs
 
 
 def _refuse_non_finite(parameters: Mapping[str, Any]) -> None:
@@ -397,55 +382,3 @@ def _refuse_non_finite(parameters: Mapping[str, Any]) -> None:
 def _readable_here(value: Any) -> bool:
     # An array spread over several processes cannot be read by one; it is left unchecked.
     return not isinstance(value, jax.Array) or value.is_fully_addressable
-
-
-def _check_tower_order(max_order: int, base: str, dtype: Any) -> None:
-    # The forward reads rows up to max(N, 1) and each nested derivative asks for one more. The
-    # floor stays at the spec's pair-series height (rows 0..11), so the dtypes a bank accepts
-    # are what they were when the pair read those rows (float16 stays refused).
-    needed = max(max_order, _SPEC_TOWER_HEIGHT) + _DERIVATIVE_HEADROOM
-    limit = _finite_tower_order(base, dtype)
-    finite = f"the Riccati coefficients are finite in {dtype} only up to order {limit}"
-    if needed <= limit:
-        return
-    if limit - _DERIVATIVE_HEADROOM < _SPEC_TOWER_HEIGHT:
-        raise ValueError(
-            f"a {base} bank cannot use dtype {dtype}: a bank needs finite tower rows up to order "
-            f"{needed} (the spec's pair-series height {_SPEC_TOWER_HEIGHT} and "
-            f"{_DERIVATIVE_HEADROOM} nested derivatives), but {finite}"
-        )
-    raise ValueError(
-        f"max_order={max_order} is too high for a {base} bank in {dtype}: the forward and "
-        f"{_DERIVATIVE_HEADROOM} nested derivatives need tower rows up to order {needed}, but "
-        f"{finite} (max_order <= {limit - _DERIVATIVE_HEADROOM})"
-    )
-
-
-def _cast_pack(pack: RefinedPack, slot: int, dtype: Any) -> tuple[Any, Any, Any]:
-    """The pack's centre, weight and scale in `dtype`; refuses values the cast makes non-finite
-    (or a zero scale), naming the slot and the field."""
-    values = []
-    for field in ("center", "weight", "scale"):
-        given = getattr(pack, field)
-        with np.errstate(over="ignore", under="ignore"):
-            value = np.asarray(given).astype(dtype)
-        if not np.isfinite(value):
-            raise ValueError(
-                f"slot {slot}: packs[{slot}].{field} = {given!r} overflows to {value} in {dtype}"
-            )
-        if field == "scale" and value == 0:
-            raise ValueError(
-                f"slot {slot}: packs[{slot}].scale = {given!r} rounds to 0 in {dtype}; scales "
-                "must be non-zero"
-            )
-        values.append(value)
-    return values[0], values[1], values[2]
-
-
-def _cast_age(pack: RefinedPack, slot: int, dtype: Any) -> int:
-    if pack.age > np.iinfo(dtype).max:
-        raise ValueError(
-            f"slot {slot}: packs[{slot}].age = {pack.age} does not fit in {np.dtype(dtype)} "
-            f"(at most {np.iinfo(dtype).max})"
-        )
-    return pack.age
