@@ -27,6 +27,7 @@ from jax import Array
 
 from confluent_bank._activations import _SERIES, get_activation, sigma_tower_rows
 from confluent_bank._atoms import _moment_sum, _pair_limit, _pair_terms, retract_spread
+from confluent_bank._host import PARAMETER_NAMES
 from confluent_bank._records import SlotMode
 
 if TYPE_CHECKING:
@@ -132,15 +133,8 @@ def _pair_limits(bank: ConfluentPackBank, direction: float | Array) -> tuple[Arr
     return jnp.where(divergent, unbounded, pair), (s != 0) | (v != 0)
 
 
-_LANE_BLOCKS = (
-    "centers",
-    "weights",
-    "scales",
-    "rho",
-    "odd_moments",
-    "directions",
-    "direction_bias",
-)
+# What a pair reads: every trainable block but the moment rows.
+_LANE_BLOCKS = tuple(name for name in PARAMETER_NAMES if name != "moment_coefficients")
 
 
 @jax.jit
