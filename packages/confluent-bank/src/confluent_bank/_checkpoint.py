@@ -36,7 +36,7 @@ from confluent_bank._host import (
     snapshot_digest,
 )
 from confluent_bank._paths import read_file
-from confluent_bank._records import SlotMode
+from confluent_bank._records import active_pairs
 
 _TOP_LEVEL = {"schema_version", "base", "max_order", "state"}
 _BLOCK_KEYS = {"shape", "dtype", "values"}
@@ -218,7 +218,7 @@ def _validated(checkpoint: Any) -> tuple[dict[str, np.ndarray], int, str, int | 
 
     problems = representation_problems(arrays, max_order=max_order)
     if max_pairs is not None:
-        pairs = int(np.sum(arrays["active"] & (arrays["modes"] == SlotMode.PAIR)))
+        pairs = active_pairs(arrays)
         if pairs > max_pairs:
             problems.append(f"{pairs} active centred pairs above max_pairs={max_pairs}")
     if problems:

@@ -25,7 +25,7 @@ from confluent_bank._host import STATE_NAMES, HostView, representation_problems,
 from confluent_bank._named_moments import reset_slot_state
 from confluent_bank._optimizer_state import NamedMomentState, OptimizerStateAdapter
 from confluent_bank._proposals import _pair_proposal
-from confluent_bank._records import SlotMode, SlotUpdate, TransitionProposal
+from confluent_bank._records import SlotUpdate, TransitionProposal, active_pairs
 from confluent_bank._verify import check_implied_updates
 
 if TYPE_CHECKING:
@@ -240,16 +240,12 @@ def _commit(
     return candidate, next_state, True
 
 
-def _active_pairs(host: Mapping[str, np.ndarray]) -> int:
-    return int(np.sum(host["active"] & (host["modes"] == SlotMode.PAIR)))
-
-
 def _check_pair_capacity(view: HostView, changed: Mapping[str, np.ndarray]) -> None:
     """Refuse a transition that leaves more centred pairs active than `max_pairs`: the forward
     evaluates the pair formulas on that many slots only."""
     if view.max_pairs is None:
         return
-    pairs = _active_pairs({**view.host, **changed})
+    pairs = active_pairs({**view.host, **changed})
     if pairs > view.max_pairs:
         raise ValueError(
             f"the transition would leave {pairs} centred pairs active, above the bank's "
@@ -309,7 +305,7 @@ def detect_transitions(
     baseline = _score(conditioning_score, bank)
     view = HostView.read(bank)
     ranked: list[tuple[float, tuple[int, ...], TransitionProposal]] = []
-    if view.max_pairs is not None and _active_pairs(view.host) >= view.max_pairs:
+    if view.max_pairs is not None and active_pairs(view.host) >= view.max_pairs:
         return ()  # every merge would be refused at commit
     for first in range(view.max_packs):
         for second in range(first + 1, view.max_packs):

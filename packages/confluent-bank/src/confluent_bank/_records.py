@@ -33,6 +33,12 @@ class SlotMode(enum.IntEnum):
     """A truncated moment expansion with the row `moment_coefficients[i, :orders[i] + 1]`."""
 
 
+def active_pairs(host: Any) -> int:
+    """How many slots of a host state (`{name: numpy array}`) are active centred pairs: what
+    a bank's `max_pairs` bounds."""
+    return int(np.sum(host["active"] & (host["modes"] == SlotMode.PAIR)))
+
+
 class TransitionKind(enum.StrEnum):
     """The built-in transition kinds: the `kind` of the proposals the `propose_*` rules make.
 
