@@ -76,6 +76,69 @@ def test_a_pair_directions_coordinate_is_fresh(pair_bank):
     assert carry.fresh == (("directions", 0, 0),)
 
 
+def test_a_pair_seeds_its_directions_second_moment_from_its_own_centres(pair_commit):
+    candidate, carried, state = pair_commit
+    second = state.moments["second"]["centers"]
+    s, c, h = 1.0, 0.0, 0.125  # make_pair_bank: unit scale, atoms at ±0.125
+    reach = abs(c) + (h + 3.0) / s  # the |z| where the pair still acts
+    seeded = (reach**2 * h / s * (np.sqrt(second[0]) + np.sqrt(second[1]))) ** 2
+    np.testing.assert_allclose(carried.moments["second"]["directions"][0], seeded, rtol=1e-12)
+    expected = _gradient(candidate.parameters, candidate)["directions"][0]
+    assert float(seeded) >= float(expected) ** 2 > 0  # at least the gradient it will meet
+
+
+def test_a_pair_directions_seed_grows_with_the_input_units():
+    """Inputs 100× larger (centres ×100, scale ÷100): v's gradient grows 100× and its
+    curvature 100²×; its step (∝ μ/√ν) must shrink 100×, so √ν grows 100³×."""
+    seeds = []
+    for unit in (1.0, 100.0):
+        packs = [
+            cb.RefinedPack(0, -0.125 * unit, 2.0, 1 / unit),
+            cb.RefinedPack(0, 0.125 * unit, -1.0, 1 / unit),
+        ]
+        bank = cb.init_confluent_bank(packs, max_packs=3, max_order=1)
+        ones = jax.tree.map(jnp.ones_like, bank.parameters)
+        state = cb.NamedMomentState(jnp.asarray(3), {"first": ones, "second": ones})
+        _, carried = _commit(bank, bank.propose_pair(0, 1), state)
+        seeds.append(float(carried.moments["second"]["directions"][0]))
+    np.testing.assert_allclose(seeds[1] / seeds[0], 100.0**6, rtol=1e-9)
+
+
+@pytest.fixture(scope="module")
+def duplicate_commit():
+    """Two atoms at one centre (a birth beside an atom, say) merged: h = 0."""
+    packs = [
+        cb.RefinedPack(0, 0.3, 1.5),
+        cb.RefinedPack(0, 0.3, -0.5),
+        cb.RefinedPack(0, -1.0, 0.4),
+    ]
+    bank = cb.init_confluent_bank(packs, max_packs=4, max_order=2)
+    proposal = bank.propose_pair(0, 1)
+    assert proposal.kind == "duplicate_merge"
+    state = _named(bank, _gradient(bank.parameters, bank))
+    candidate, carried = _commit(bank, proposal, state)
+    return bank, candidate, carried, proposal
+
+
+def test_a_duplicate_merge_carries_its_odd_moment_exactly(duplicate_commit):
+    _, candidate, carried, _ = duplicate_commit
+    expected = _gradient(candidate.parameters, candidate)
+    for name in ("centers", "weights", "scales", "odd_moments"):
+        np.testing.assert_allclose(
+            carried.moments["first"][name][0], expected[name][0], rtol=1e-9, atol=1e-12
+        )
+    assert float(expected["odd_moments"][0]) != 0
+
+
+def test_a_duplicate_merge_seeds_its_spread_above_the_gradient_it_meets(duplicate_commit):
+    bank, candidate, carried, proposal = duplicate_commit
+    expected = _gradient(candidate.parameters, candidate)
+    assert float(carried.moments["first"]["rho"][0]) == 0
+    assert float(carried.moments["second"]["rho"][0]) >= float(expected["rho"][0]) ** 2 > 0
+    carry = cb.transition_carry(bank, proposal)
+    assert ("rho", 0, 0) in carry.fresh and ("odd_moments", 0, 0) not in carry.fresh
+
+
 def test_a_cluster_carries_first_moments_close_to_the_new_gradient(cluster_bank):
     state = _named(cluster_bank, _gradient(cluster_bank.parameters, cluster_bank))
     proposal = cluster_bank.propose_cluster((0, 1, 2), order=2, error_budget=1.0)

@@ -29,6 +29,16 @@ optimizer's statistics of the gradient can follow instead of restarting at zero:
   seed let its newborn slot drift into a growing oscillation (2.6× the control's loss within
   50 steps in the spike problem; 1.0× with the sum).
   Rows of switched-off slots are zeroed (they no longer affect the loss).
+* **A pair's own seeds.** Siblings seed a pair's `directions` `v` with nothing (an
+  ordinary atom's `∂f/∂v` is 0). In `η = v·z + d`, `∂f/∂v = z·∂f/∂d` pointwise, so `v`'s
+  curvature is `z²` times `d`'s; its step `∝ μ/√ν` moves `η` at the pair's reach
+  `|z| ≤ |c| + (h + 3)/|s|` no more than `d`'s step moves it everywhere only if
+  `√ν_v ≥ z_reach²·√ν_d`, and that is its seed (units-consistent: inputs ×100 shrink its
+  step ×100). With `ν_v = 0` a converged fit on inputs in the hundreds jumped 390× within
+  50 Adam steps. Two atoms at one centre (`h = 0`) carry `m1` exactly
+  (`∂f/∂m1 = −∂f/∂c/(s·m0)` there), seed `ρ` by `max|σ''/σ'|/(2|s|)` times the centres'
+  root moments, and seed `d` and `v` as a pair opened to `h = 1` would be; without these the
+  next 50 Adam losses rose 35×.
 * A **derivative** (`ρ → 0`) keeps its coordinates: its moments are left as they are.
 
 `TransitionCarry` records this plan as sparse entries over the bank's parameter
@@ -96,10 +106,25 @@ def _row(slot: int) -> tuple[Coordinate, ...]:
     return tuple((name, slot, 0) for name in names)
 
 
+# Entries `(new, old, coefficient)`: the matrix `G` of the module docs, sparse.
+_Entries = list[tuple[Coordinate, Coordinate, float]]
+
+# The largest |σ''/σ'| of the bank's activations (sigmoid 1, tanh 2; softplus and exp 1).
+_CURVATURE_RATIO = 2.0
+
+# Where a pair's η-derivative lives: within this many units of u = s·(z − c) beyond its
+# atoms at u = ±h (σ' has fallen to under 1 % of its peak for tanh, 18 % for sigmoid).
+_PAIR_REACH = 3.0
+
+
 def _pair_entries(
     host: Mapping[str, np.ndarray], first: int, second: int
-) -> tuple[list[tuple[Coordinate, Coordinate, float]], list[Coordinate]]:
-    """`Kᵀ` of the exact inverse map `S`: the pair's coordinates → its two old atoms."""
+) -> tuple[_Entries, list[Coordinate], _Entries]:
+    """`Kᵀ` of the exact inverse map `S`: the pair's coordinates → its two old atoms.
+
+    Returns `(entries, fresh, seeds)`: the carried coordinates, those with no old
+    counterpart, and second-moment seeds for some of these from the pair's own old centres.
+    """
     s = _value(host, "scales", first)
     c = [_value(host, "centers", i) for i in (first, second)]
     a = [_value(host, "weights", i) for i in (first, second)]
@@ -108,16 +133,10 @@ def _pair_entries(
     plus, minus = (0, 1) if b[0] >= b[1] else (1, 0)
     slot = (first, second)
     h = abs(b[0] - b[1]) / 2
-    new = {name: (name, first, 0) for name in PARAMETER_NAMES}
-    entries: list[tuple[Coordinate, Coordinate, float]] = []
     if h == 0:
-        # duplicate merge: c± = c, a± = m0/2, s± = s; ρ, m1 and η have no old counterpart
-        for j in (0, 1):
-            old_c, old_a, old_s = _row(slot[j])
-            entries += [(new["centers"], old_c, 1.0), (new["weights"], old_a, 0.5)]
-            entries.append((new["scales"], old_s, 1.0))
-        fresh = [new[name] for name in ("rho", "odd_moments", "directions", "direction_bias")]
-        return entries, fresh
+        return _duplicate_entries(first, slot, s, c[0], a[0] + a[1])
+    new = {name: (name, first, 0) for name in PARAMETER_NAMES}
+    entries: _Entries = []
     m1 = h * (a[plus] - a[minus])
     e = 1.0  # the committed direction bias; directions = 0
     for j, sign in ((plus, 1.0), (minus, -1.0)):
@@ -133,7 +152,44 @@ def _pair_entries(
             (new["rho"], old_a, -sign * m1 / (4 * h**3)),
             (new["scales"], old_s, 1.0),
         ]
-    return entries, [new["directions"]]
+    # `directions` v is fresh: √ν_v = z_reach²·√ν_d, with √ν_d carried from the old centres
+    # by the coefficient h/s above (why z_reach², see the module docs). With ν_v = 0 Adam's
+    # first step in v was a full rate, and on inputs in the hundreds it moved the pair's far
+    # side by order one (a PK model's loss rose 2.3× for several steps).
+    z_reach = abs(sum(c) / 2) + (h + _PAIR_REACH) / abs(s)
+    seeds = [(new["directions"], _row(i)[0], z_reach**2 * h / abs(s)) for i in slot]
+    return entries, [new["directions"]], seeds
+
+
+def _duplicate_entries(
+    first: int, slot: tuple[int, int], s: float, c: float, m0: float
+) -> tuple[_Entries, list[Coordinate], _Entries]:
+    """`_pair_entries` for two atoms at one centre (h = 0): c± = c, a± = m0/2, s± = s.
+
+    At ρ = m1 = 0 the pair is `m0·σ(u) + m1·η·σ'(u) + ρ·m0·η²·σ''(u)/2 + …` with η = 1, so
+    `∂f/∂m1 = −∂f/∂c / (s·m0)` exactly, and `|∂f/∂ρ| ≤ |∂f/∂c|·max|σ''/σ'| / (2|s|)`
+    pointwise: m1 is carried and ρ seeded from the old centres. Without them a converged
+    fit's next 50 Adam losses rose 35× (`tests/test_transition_spikes.py`).
+    """
+    new = {name: (name, first, 0) for name in PARAMETER_NAMES}
+    entries: _Entries = []
+    seeds: _Entries = []
+    fresh = [new[name] for name in ("rho", "directions", "direction_bias")]
+    z_reach = abs(c) + (1 + _PAIR_REACH) / abs(s)
+    for j in (0, 1):
+        old_c, old_a, old_s = _row(slot[j])
+        entries += [(new["centers"], old_c, 1.0), (new["weights"], old_a, 0.5)]
+        entries.append((new["scales"], old_s, 1.0))
+        if m0 != 0:
+            entries.append((new["odd_moments"], old_c, -1.0 / (s * m0)))
+        seeds.append((new["rho"], old_c, _CURVATURE_RATIO / (2 * abs(s))))
+        # d and v have no gradient until the pair opens (∂f/∂η = m1·σ'(u) + O(ρ)): seeded
+        # as `_pair_entries` seeds them for a pair opened to h = 1 (m1 ~ m0).
+        seeds.append((new["direction_bias"], old_c, 1 / abs(s)))
+        seeds.append((new["directions"], old_c, z_reach**2 / abs(s)))
+    if m0 == 0:
+        fresh.append(new["odd_moments"])
+    return entries, fresh, seeds
 
 
 def _cluster_entries(
@@ -186,11 +242,12 @@ def carry_from_host(
     """The plan for `proposal` (committed at positions `slots`) from the old host state."""
     kind = proposal.kind
     columns = int(np.shape(host["moment_coefficients"])[1])
-    entries: list[tuple[Coordinate, Coordinate, float]] = []
+    entries: _Entries = []
     fresh: list[Coordinate] = []
+    own: _Entries = []
     reset = slots
     if kind in _PAIR_KINDS and len(slots) == 2:
-        entries, fresh = _pair_entries(host, *slots)
+        entries, fresh, own = _pair_entries(host, *slots)
     elif kind == TransitionKind.CLUSTER_TO_MOMENTS:
         order = next(int(u.value) for u in proposal.updates if u.name == "orders")
         entries = _cluster_entries(host, slots, order)
@@ -207,7 +264,7 @@ def carry_from_host(
         ((name, row, column), (name, other, column), 1.0)
         for name, row, column in fresh
         for other in siblings
-    ]
+    ] + own
     return TransitionCarry(
         kind, tuple(slots), tuple(reset), tuple(entries), tuple(fresh), tuple(seeds)
     )
