@@ -80,7 +80,7 @@ def test_a_pair_seeds_its_directions_second_moment_from_its_own_centres(pair_com
     candidate, carried, state = pair_commit
     second = state.moments["second"]["centers"]
     s, c, h = 1.0, 0.0, 0.125  # make_pair_bank: unit scale, atoms at ±0.125
-    reach = abs(c) + (h + 3.0) / s  # the |z| where the pair still acts
+    reach = abs(c) + (h + 1.0) / s  # the typical |z| where the pair acts
     seeded = (reach**2 * h / s * (np.sqrt(second[0]) + np.sqrt(second[1]))) ** 2
     np.testing.assert_allclose(carried.moments["second"]["directions"][0], seeded, rtol=1e-12)
     expected = _gradient(candidate.parameters, candidate)["directions"][0]
