@@ -162,6 +162,12 @@ def g_error(bank: cb.ConfluentPackBank, y_range: tuple[float, float], n: int = 4
     return float(jnp.max(jnp.abs(bank.forward(y) - true_g(y))))
 
 
+def g_rms_error(bank: cb.ConfluentPackBank, y_range: tuple[float, float], n: int = 401) -> float:
+    """The root-mean-square of ``bank(y) - g(y)`` over ``y_range`` (evenly spaced ``y``)."""
+    y = jnp.linspace(*y_range, n, dtype=bank.centers.dtype)
+    return float(jnp.sqrt(jnp.mean((bank.forward(y) - true_g(y)) ** 2)))
+
+
 def data_range(dataset: hk.Dataset) -> tuple[float, float]:
     """The range of observed values (where ``g`` is identifiable)."""
     lo, hi = np.inf, -np.inf
