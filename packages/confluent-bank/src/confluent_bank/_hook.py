@@ -181,8 +181,11 @@ class TransitionHook:
         seeding them from its siblings as `commit_adapter()` does: the seed keeps Adam's
         steps on the newborn 10–100× small for thousands of steps, so the bank grows but
         does not learn; the price is a short loss bump after each birth (about 3× over 50
-        steps in the spike benchmark). `adapter=lambda path: commit_adapter()` restores
-        quiet births. Resume a run with `state_dict()` / `load_state_dict()` and the bank's
+        steps in the spike benchmark). A merged pair's `directions` starts unseeded too: on
+        inputs in the hundreds its first full-rate steps reshape the pair unless
+        `row_warmup` ramps it in (seeded, the integration example's grown bank ended at
+        2.5× the loss). `adapter=lambda path: commit_adapter()` restores quiet births and
+        merges. Resume a run with `state_dict()` / `load_state_dict()` and the bank's
         checkpoint.
 
         **Arguments:**
