@@ -130,6 +130,27 @@ def pretrained(name: str, warmup: bool):
     return bank, state
 
 
+def birth_on_atom(bank: cb.ConfluentPackBank, slot: int) -> cb.TransitionProposal:
+    """A zero-weight birth in the first free slot, on `slot`'s centre and slope."""
+    free = int(np.flatnonzero(~np.asarray(bank.active))[0])
+    newborn = cb.RefinedPack(0, float(bank.centers[slot]), 0.0, float(bank.scales[slot]))
+    return bank.propose_birth(free, newborn)
+
+
+def commit(bank, proposal, state, adapter):
+    """`proposal` committed between steps within the error budget; `(bank, state)`."""
+    bank, state, accepted = cb.commit_transition(
+        bank,
+        proposal,
+        state,
+        between_steps=True,
+        acceptance=cb.within_error_budget(domain()),
+        state_adapter=adapter,
+    )
+    assert accepted, proposal.kind
+    return bank, state
+
+
 def run(name: str, kind: str, mode: str) -> np.ndarray:
     """Losses of the 50 steps after the commit (`mode`: control, before, after)."""
     warm = WARMUP and mode == "after"
@@ -137,23 +158,9 @@ def run(name: str, kind: str, mode: str) -> np.ndarray:
     bank, state = pretrained(name, warm)
     if mode != "control":
         adapter = cbo.commit_adapter(transport=mode == "after")
-        steps = ["birth", kind] if kind == "duplicate" else [kind]
-        for step in steps:
-            if step == "birth" and kind == "duplicate":
-                free = int(np.flatnonzero(~np.asarray(bank.active))[0])
-                newborn = cb.RefinedPack(0, float(bank.centers[2]), 0.0, float(bank.scales[2]))
-                proposal = bank.propose_birth(free, newborn)
-            else:
-                proposal = propose(bank, step)
-            bank, state, accepted = cb.commit_transition(
-                bank,
-                proposal,
-                state,
-                between_steps=True,
-                acceptance=cb.within_error_budget(domain()),
-                state_adapter=adapter,
-            )
-            assert accepted, (name, kind)
+        if kind == "duplicate":  # first the birth on atom 2's centre that it merges
+            bank, state = commit(bank, birth_on_atom(bank, 2), state, adapter)
+        bank, state = commit(bank, propose(bank, kind), state, adapter)
     _, _, losses = train(bank, state, optimizer, AFTER_STEPS)
     return np.asarray(losses)
 

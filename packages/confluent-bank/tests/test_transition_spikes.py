@@ -82,6 +82,12 @@ def _free(bank):
     return int(np.flatnonzero(~np.asarray(bank.active))[0])
 
 
+def _birth_on_atom(bank, slot):
+    """A zero-weight birth on `slot`'s centre and slope: what a duplicate merge merges."""
+    newborn = cb.RefinedPack(0, float(bank.centers[slot]), 0, float(bank.scales[slot]))
+    return bank.propose_birth(_free(bank), newborn)
+
+
 def _propose(bank, kind):
     if kind == "pair":
         return cb.detect_transitions(bank, _collinearity)[0]
@@ -116,8 +122,7 @@ def test_a_commit_keeps_the_next_50_losses_within_twice_the_control(trained, kin
     optimizer, bank, state, control = trained
     assert control.max() < 1e-4  # the fit converged
     if kind == "duplicate":
-        newborn = cb.RefinedPack(0, float(bank.centers[2]), 0, float(bank.scales[2]))
-        bank, state = _commit(bank, bank.propose_birth(_free(bank), newborn), state)
+        bank, state = _commit(bank, _birth_on_atom(bank, 2), state)
     bank, state = _commit(bank, _propose(bank, kind), state)
     _, _, losses = _train(bank, state, optimizer, AFTER_STEPS)
     assert np.asarray(losses).max() <= 2 * control.max()
@@ -142,8 +147,7 @@ def test_a_merge_on_inputs_in_the_hundreds_keeps_the_next_50_losses_within_twice
     pair at |z| ~ 300: the seeds must keep it as small as `direction_bias`'s."""
     optimizer, bank, state, control, unit = trained_in_lab_units
     if kind == "duplicate":
-        newborn = cb.RefinedPack(0, float(bank.centers[2]), 0, float(bank.scales[2]))
-        bank, state = _commit(bank, bank.propose_birth(_free(bank), newborn), state, unit)
+        bank, state = _commit(bank, _birth_on_atom(bank, 2), state, unit)
     bank, state = _commit(bank, _propose(bank, kind), state, unit)
     _, _, losses = _train(bank, state, optimizer, AFTER_STEPS, unit)
     assert np.asarray(losses).max() <= 2 * control.max()

@@ -136,7 +136,7 @@ def _pair_entries(
     slot = (first, second)
     h = abs(b[0] - b[1]) / 2
     if h == 0:
-        return _duplicate_entries(first, slot, s, c[0], a[0] + a[1])
+        return _duplicate_entries(slot, s, c[0], a[0] + a[1])
     new = {name: (name, first, 0) for name in PARAMETER_NAMES}
     entries: _Entries = []
     m1 = h * (a[plus] - a[minus])
@@ -164,7 +164,7 @@ def _pair_entries(
 
 
 def _duplicate_entries(
-    first: int, slot: tuple[int, int], s: float, c: float, m0: float
+    slot: tuple[int, int], s: float, c: float, m0: float
 ) -> tuple[_Entries, list[Coordinate], _Entries]:
     """`_pair_entries` for two atoms at one centre (h = 0): c± = c, a± = m0/2, s± = s.
 
@@ -173,7 +173,7 @@ def _duplicate_entries(
     pointwise: m1 is carried and ρ seeded from the old centres. Without them a converged
     fit's next 50 Adam losses rose 35× (`tests/test_transition_spikes.py`).
     """
-    new = {name: (name, first, 0) for name in PARAMETER_NAMES}
+    new = {name: (name, slot[0], 0) for name in PARAMETER_NAMES}
     entries: _Entries = []
     seeds: _Entries = []
     fresh = [new[name] for name in ("rho", "directions", "direction_bias")]
