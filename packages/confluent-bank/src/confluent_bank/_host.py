@@ -4,9 +4,9 @@ snapshots, digests.
 Host decisions (proposals, commits, error bounds, checkpoints) work on numpy copies of the
 bank's blocks read from the device in a single transfer, never on per-element device reads.
 A transaction (`transaction(bank)`, opened by `commit_transition` and by the transition hook)
-reads the bank once and digests it once; every `HostView.read(bank)` of the same bank object
-inside it (the proposal rules, the staleness check, the acceptance callback's error bounds,
-the optimizer-state carry) gets that one view.
+reads the bank at most once (on first use) and digests it at most once; every
+`HostView.read(bank)` of the same bank object inside it (the proposal rules, the staleness
+check, the acceptance callback's error bounds, the optimizer-state carry) gets that one view.
 """
 
 from __future__ import annotations
@@ -70,12 +70,12 @@ def read_host_state(bank: Any) -> dict[str, np.ndarray]:
 class HostView:
     """One host copy of a bank's state, its static configuration and (lazily) its digest.
 
-    **Fields:** `host` (`{name: numpy array}` in `STATE_NAMES` order), `base`, `max_order`,
-    `source`, the bank object it was read from (a transaction hands this view to every reader
-    of that same object), and `max_pairs` (`None` when every slot may hold a pair).
+    **Fields:** `base`, `max_order`, `source` (the bank object it reads; a transaction hands
+    this view to every reader of that same object), and `max_pairs` (`None` when every slot
+    may hold a pair). `host` (`{name: numpy array}` in `STATE_NAMES` order) is read from the
+    device on first use, once.
     """
 
-    host: dict[str, np.ndarray]
     base: str
     max_order: int
     source: Any = dataclasses.field(repr=False, default=None)
@@ -83,12 +83,20 @@ class HostView:
 
     @classmethod
     def read(cls, bank: Any) -> HostView:
-        """The open transaction's view of `bank`, or a fresh one (one device read)."""
+        """The open transaction's view of `bank`, or a fresh one (one device read, on first
+        use of `host`)."""
         active = _ACTIVE.get()
         if active is not None and active.source is bank:
             return active
         max_pairs = getattr(bank, "max_pairs", None)
-        return cls(read_host_state(bank), str(bank.base), int(bank.max_order), bank, max_pairs)
+        return cls(str(bank.base), int(bank.max_order), bank, max_pairs)
+
+    @cached_property
+    def host(self) -> dict[str, np.ndarray]:
+        """Every state block as a numpy array. Read lazily: a transition hook opens a
+        transaction on every bank after every step, and most steps propose nothing, so an
+        eager read would synchronise with the device (and copy every block) for nothing."""
+        return read_host_state(self.source)
 
     @property
     def max_packs(self) -> int:
@@ -130,7 +138,8 @@ _ACTIVE: contextvars.ContextVar[HostView | None] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def transaction(bank: Any) -> Iterator[HostView]:
-    """Open one host transaction on `bank`: read and digest it once for everything inside.
+    """Open one host transaction on `bank`: read and digest it at most once for everything
+    inside (on first use).
 
     Re-entrant: inside a transaction on the same bank object the open view is reused. The view
     is bound to the object, not its values, so a bank built inside (a candidate) is read anew.
