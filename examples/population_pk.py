@@ -8,8 +8,9 @@ peripheral amount A2. Doses are boluses into the central compartment and one-hou
     dA2/dt = K12 A1 - K21 A2
 
 The elimination h(C) [mg/L/h] is unknown (the truth is Michaelis-Menten,
-VMAX C / (KM + C)) and is learned twice: by a small MLP and by a confluent bank. The volume
-grows with body weight (`WT`, a covariate column of the table): V = 10 WT / 70.
+VMAX C / (KM + C)) and is learned twice: by a small MLP and by a confluent bank that grows
+itself from two atoms (`TransitionHook.growing` on the training loss, up to 8 atoms). The
+volume grows with body weight (`WT`, a covariate column of the table): V = 10 WT / 70.
 
 The data are `data/population_pk.csv`, in NONMEM's record format
 (`ID, TIME, DV, AMT, RATE, EVID, MDV, CMT, WT`; `DV=0` on the dose rows, as many datasets
@@ -168,10 +169,23 @@ def mlp_elimination(key: Any) -> MLPElimination:
     return MLPElimination(jax.tree.map(lambda x: x * 0.5 if eqx.is_inexact_array(x) else x, mlp))
 
 
+# --8<-- [start:grow]
 def bank_elimination() -> cb.ConfluentPackBank:
-    """Six sigmoid atoms of one fixed scale spread over the concentration range (of h / C)."""
-    packs = [cb.RefinedPack(0, float(c), 0.05, BANK_SCALE) for c in np.linspace(0.0, 8.0, 6)]
+    """Two sigmoid atoms (of h / C) in 8 slots: the growing hook places the rest."""
+    packs = [cb.RefinedPack(0, c, 0.05, BANK_SCALE) for c in (1.0, 3.0)]
     return cb.init_confluent_bank(packs, max_packs=8, max_order=3, dtype=jnp.float64)
+
+
+def growing_hook(train: hk.Dataset, mask: Any) -> cb.TransitionHook:
+    """Births, merges and removals by the library's policy, judged on the training loss; the
+    candidates span the concentrations from 0 (before the first dose) to the largest measured."""
+    objective = hk.build_objective(
+        train, simulate_fn=simulate, state_to_output=observe, solver=SOLVER, trainable=mask
+    )
+    return cb.TransitionHook.growing(objective, (0.0, observed_range(train)[1]))
+
+
+# --8<-- [end:grow]
 
 
 def elimination_of(predictor: Any):
@@ -193,6 +207,8 @@ SOLVER = hk.SolverConfig(diffrax.Tsit5(), rtol=1e-7, atol=1e-7, max_steps=4096, 
 
 def fit(start: Any, train: hk.Dataset, steps: int, lr: float) -> tuple[Any, float]:
     config = hk.OptaxTrainingConfig(steps=(steps,), lr=(lr,), verbose=False)
+    mask = trainable((start,))
+    grows = isinstance(start, cb.ConfluentPackBank)
     history, trained = hk.train_with_optax(
         (start,),
         train,
@@ -200,8 +216,9 @@ def fit(start: Any, train: hk.Dataset, steps: int, lr: float) -> tuple[Any, floa
         simulate_fn=simulate,
         state_to_output=observe,
         solver=SOLVER,
-        trainable=trainable((start,)),
+        trainable=mask,
         key=jax.random.key(0),
+        hooks=growing_hook(train, mask) if grows else None,
     )
     return trained[0], float(history[-1])
 

@@ -1,12 +1,16 @@
 """Smoke test of examples/population_pk.py: reads its shipped NONMEM-style CSV, trains both
-models a few steps, predicts the held-out subjects and writes the plots and the IPRED table.
+models a few steps, predicts the held-out subjects and writes the plots and the IPRED table;
+and its bank, over enough steps to grow, grows and fits better than without its hook.
 
-Compiling the two models dominates (minutes on a shared 2-core CPU), hence `slow`.
+Compiling the models dominates (about 45 s each on a 2-core CPU), hence `slow`.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+
+import confluent_bank as cb
 
 pytest.importorskip("pandas")
 pytest.importorskip("matplotlib")
@@ -35,3 +39,26 @@ def test_the_shipped_table_has_dv_zero_dose_rows_boluses_and_joined_infusions():
     assert table.ID.nunique() == population_pk.N_SUBJECTS
     experiments = population_pk.read(table)
     assert [e.channels["C"].ts.size for e in experiments] == [len(population_pk.SAMPLES)] * 12
+
+
+@pytest.mark.slow
+def test_the_examples_bank_grows_where_it_helps_and_fits_better_than_without(monkeypatch):
+    # 120 steps: training first plateaus, and the hook first births, at step 100.
+    train, _ = population_pk.load()
+    hook = population_pk.growing_hook
+    events = []
+
+    def recorded(*args):
+        events.append(hook(*args))
+        return events[-1]
+
+    monkeypatch.setattr(population_pk, "growing_hook", recorded)
+    grown, grown_loss = population_pk.fit(population_pk.bank_elimination(), train, 120, 0.02)
+    monkeypatch.setattr(population_pk, "growing_hook", lambda *args: None)
+    fixed, fixed_loss = population_pk.fit(population_pk.bank_elimination(), train, 120, 0.02)
+
+    births = [e for e in events[0].events if e.kind == "zero_output_birth" and e.accepted]
+    assert births and all(e.score > 0 for e in births)
+    assert int(np.sum(np.asarray(grown.active))) > int(np.sum(np.asarray(fixed.active))) == 2
+    assert isinstance(grown, cb.ConfluentPackBank)
+    assert grown_loss < 0.5 * fixed_loss
