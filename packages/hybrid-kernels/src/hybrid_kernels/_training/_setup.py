@@ -330,9 +330,10 @@ def _compile_ahead(lowerings: list[Callable[[], Any]]) -> list[tuple[float, Futu
     XLA compiles without Python's lock, so the next kernel's trace (Python) overlaps the last
     one's compile, and kernels compile side by side on several cores. The kernel's own first
     call then finds its program compiled (jit's caches are keyed by the same arguments). On
-    the integration example's two buckets this took the first step from about 14.7 to 12.0 s
-    for a bank and from 9.5 to 8.2 s for an MLP on a 2-core CPU. A lowering that fails is left
-    to the kernel's call, which raises the error with its own explanation.
+    two bucket shapes of the integration example, on a 2-core CPU, this took the first step
+    from 18.0 to 13.2 s with a confluent bank and from 13.7 to 10.9 s with an MLP
+    (`benchmarks/bank_in_ode.py`). A lowering that fails is left to the kernel's call, which
+    raises the error with its own explanation.
     """
     pool = ThreadPoolExecutor(max_workers=min(len(lowerings), os.cpu_count() or 1))
     ahead: list[tuple[float, Future | None]] = []
