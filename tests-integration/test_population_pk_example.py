@@ -45,19 +45,19 @@ def test_the_shipped_table_has_dv_zero_dose_rows_boluses_and_joined_infusions():
 def test_the_examples_bank_grows_where_it_helps_and_fits_better_than_without(monkeypatch):
     # 120 steps: training first plateaus, and the hook first births, at step 100.
     train, _ = population_pk.load()
-    hook = population_pk.growing_hook
-    events = []
+    build = population_pk.growing_hook
+    built = []
 
     def recorded(*args):
-        events.append(hook(*args))
-        return events[-1]
+        built.append(build(*args))
+        return built[-1]
 
     monkeypatch.setattr(population_pk, "growing_hook", recorded)
     grown, grown_loss = population_pk.fit(population_pk.bank_elimination(), train, 120, 0.02)
     monkeypatch.setattr(population_pk, "growing_hook", lambda *args: None)
     fixed, fixed_loss = population_pk.fit(population_pk.bank_elimination(), train, 120, 0.02)
 
-    births = [e for e in events[0].events if e.kind == "zero_output_birth" and e.accepted]
+    births = [e for e in built[0].events if e.kind == "zero_output_birth" and e.accepted]
     assert births and all(e.score > 0 for e in births)
     assert int(np.sum(np.asarray(grown.active))) > int(np.sum(np.asarray(fixed.active))) == 2
     assert isinstance(grown, cb.ConfluentPackBank)
