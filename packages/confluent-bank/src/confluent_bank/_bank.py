@@ -294,11 +294,13 @@ def init_confluent_bank(
       `None` (default): any number. The pair formulas are evaluated on this many slots only
       (the active pairs, gathered), so a bank that holds one pair at a time is best built with
       `max_pairs=1`: with `None` every slot pays for the pair formulas while any pair is
-      active (inside an ODE, one pair in 8 slots made the step 1.75× a small MLP's, and
-      1.14–1.26× with `max_pairs=1`; `benchmarks/bank_in_ode.py`, values bit for bit the
+      active (inside an ODE, one pair in 8 slots made the step 1.30–1.99× a small MLP's, and
+      0.86–1.28× with `max_pairs=1`; `benchmarks/bank_in_ode.py`, values bit for bit the
       same). A commit that would make more pairs active is refused
       (`ValueError`) and `detect_transitions` proposes no merge while the bank is full. Static,
-      like `max_order`: kernels compile once per value.
+      like `max_order`: kernels compile once per value. A bound is written into the bank's
+      portable snapshot, so only a bank built without one has the spec's snapshot and digest;
+      that is why `None` stays the default.
 
     Raises `ValueError` for a bad base, capacity or order, a `max_pairs` outside
     `1..max_packs`, a `max_order` above the dtype's limit,
