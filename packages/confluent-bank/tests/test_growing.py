@@ -373,6 +373,79 @@ def test_growth_stops_when_the_last_birth_did_not_improve_the_objective():
     assert len(hook.events) == 2
 
 
+def test_growth_stops_once_every_newborn_of_the_last_births_was_removed():
+    # The newborn stays at weight 0, so the next check removes it as near zero; that check
+    # stops growth, before the two checks the gain rule waits for.
+    kept = _bank(KEPT_PAIR)
+    hook = cb.TransitionHook.growing(
+        _objective(kept.forward(X) + 1e-3 * _atom(0.43)), DOMAIN, every=1, plateau=np.inf,
+        scales=(SCALE,), prune_checks=1, **ONE_BIRTH,
+    )  # fmt: skip
+    _check(hook, kept, [1, 2, 3, 4])
+    assert [(e.step, e.kind, e.accepted) for e in hook.events] == [
+        (2, "zero_output_birth", True),
+        (3, "remove_near_zero", True),
+        (3, "stop_growing", True),
+    ]
+    assert hook.stopped and hook.events[-1].score == 0.0
+
+
+def test_a_newborn_that_stays_keeps_the_policy_growing():
+    # The same, but the newborn is not removed: check 3 births again (only the gain rule
+    # could stop the growth, two checks after the birth).
+    kept = _bank(KEPT_PAIR)
+    hook = cb.TransitionHook.growing(
+        _objective(kept.forward(X) + 1e-3 * _atom(0.43)), DOMAIN, every=1, plateau=np.inf,
+        scales=(SCALE,), prune_checks=9, **ONE_BIRTH,
+    )  # fmt: skip
+    _check(hook, kept, [1, 2, 3])
+    assert [(e.step, e.kind) for e in hook.events] == [
+        (2, "zero_output_birth"),
+        (3, "zero_output_birth"),
+    ]
+    assert not hook.stopped
+
+
+def test_stop_tol_zero_keeps_growing_after_the_newborns_were_removed():
+    kept = _bank(KEPT_PAIR)
+    hook = cb.TransitionHook.growing(
+        _objective(kept.forward(X) + 1e-3 * _atom(0.43)), DOMAIN, every=1, plateau=np.inf,
+        scales=(SCALE,), prune_checks=1, stop_tol=0.0, **ONE_BIRTH,
+    )  # fmt: skip
+    _check(hook, kept, [1, 2, 3, 4])
+    kinds = [e.kind for e in hook.events]
+    assert "remove_near_zero" in kinds and "stop_growing" not in kinds and not hook.stopped
+
+
+def test_the_last_newborns_are_saved_with_the_hook_state():
+    kept = _bank(KEPT_PAIR)
+    hook = cb.TransitionHook.growing(
+        _objective(kept.forward(X) + 1e-3 * _atom(0.43)), DOMAIN, every=1, plateau=np.inf,
+        scales=(SCALE,), prune_checks=1, **ONE_BIRTH,
+    )  # fmt: skip
+    bank = _check(hook, kept, [1, 2])
+    state = json.loads(json.dumps(hook.state_dict()))
+    assert state["newborns"] == [["", 2]]
+    resumed = cb.TransitionHook.growing(
+        hook.objective, DOMAIN, every=1, plateau=np.inf, scales=(SCALE,), prune_checks=1,
+        **ONE_BIRTH,
+    )  # fmt: skip
+    resumed.load_state_dict(state)
+    _check(resumed, bank, [3])
+    assert [e.kind for e in resumed.events[-2:]] == ["remove_near_zero", "stop_growing"]
+
+
+def test_a_hook_state_saved_without_newborns_still_loads():
+    # States written before the newborns were saved: no removal-based stop, as then.
+    hook = cb.TransitionHook.growing(_objective(_target(0.43)), DOMAIN, every=1)
+    _check(hook, _bank(ZERO_PAIR), [1, 2])
+    state = hook.state_dict()
+    del state["newborns"]
+    resumed = cb.TransitionHook.growing(_objective(_target(0.43)), DOMAIN, every=1)
+    resumed.load_state_dict(state)
+    assert resumed.state_dict()["newborns"] is None and not resumed.stopped
+
+
 def test_no_check_between_multiples_of_every():
     hook = cb.TransitionHook.growing(_objective(_target(0.43)), DOMAIN, every=5, plateau=np.inf)
     _check(hook, _bank(ZERO_PAIR), [1, 2, 3, 4, 6, 7])

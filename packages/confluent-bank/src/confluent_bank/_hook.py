@@ -167,7 +167,9 @@ class TransitionHook:
            newborn's line search lowered the objective;
         4. **stops** growing for good when, on a plateau at least two checks after the last
            birth, the objective's lowest value is less than `stop_tol` (relative) below its
-           value at that birth: the last atom did not pay off. Removals and merges go on.
+           value at that birth: the last atom did not pay off; or, on a plateau, once every
+           atom born at the last check with births has been removed as near zero (score 0;
+           not with `stop_tol=0`). Removals and merges go on.
 
         Births and the stop wait while a `row_warmup` in the optimiser state still ramps a
         restarted coordinate in: until its ramp is done, a newborn has not shown its worth,
