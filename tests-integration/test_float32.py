@@ -1,5 +1,11 @@
 """float32 trains too: the same problem with a float32 bank, data and solver tolerances."""
 
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -39,3 +45,30 @@ def test_float32_exact_commits_change_the_function_by_rounding_only(float32_run)
     for event in hook.events:
         if event.kind in (P.PLAN_KINDS["pair"], P.PLAN_KINDS["birth"]):
             assert event.accepted and event.max_change <= 1e-6, event
+
+
+_NO_X64_CHILD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import jax
+import hybrid_problem as P
+assert not jax.config.jax_enable_x64
+size = P.ProblemSize(n_experiments=3, lengths=(8,))
+print(json.dumps([e.channels["y"].values.tolist() for e in P.make_experiments(size)]))
+"""
+
+
+def test_the_example_data_build_without_x64():
+    # JAX's default, what a new user has: the true solution cannot meet float64 tolerances
+    # in float32 (it ran out of solver steps before), so it solves to float32's.
+    env = {**os.environ, "JAX_ENABLE_X64": "0", "JAX_PLATFORMS": "cpu"}
+    examples = str(pathlib.Path(P.__file__).parent)
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_X64_CHILD, examples],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    values = np.asarray(json.loads(done.stdout.strip().splitlines()[-1]))
+    size = P.ProblemSize(n_experiments=3, lengths=(8,))
+    exact = np.asarray([e.channels["y"].values for e in P.make_experiments(size)])
+    np.testing.assert_allclose(values, exact, rtol=1e-5, atol=1e-6)
