@@ -373,14 +373,22 @@ def test_growth_stops_when_the_last_birth_did_not_improve_the_objective():
     assert len(hook.events) == 2
 
 
+def _unpaid_birth(**options):
+    """A kept bank a tiny atom short of its target, and a hook that births one atom per
+    check at weight 0 (which `prune_checks=1` then removes at the next check)."""
+    kept = _bank(KEPT_PAIR)
+    objective = _objective(kept.forward(X) + 1e-3 * _atom(0.43))
+    options = {"prune_checks": 1, **ONE_BIRTH, **options}
+    hook = cb.TransitionHook.growing(
+        objective, DOMAIN, every=1, plateau=np.inf, scales=(SCALE,), **options
+    )
+    return kept, hook
+
+
 def test_growth_stops_once_every_newborn_of_the_last_births_was_removed():
     # The newborn stays at weight 0, so the next check removes it as near zero; that check
     # stops growth, before the two checks the gain rule waits for.
-    kept = _bank(KEPT_PAIR)
-    hook = cb.TransitionHook.growing(
-        _objective(kept.forward(X) + 1e-3 * _atom(0.43)), DOMAIN, every=1, plateau=np.inf,
-        scales=(SCALE,), prune_checks=1, **ONE_BIRTH,
-    )  # fmt: skip
+    kept, hook = _unpaid_birth()
     _check(hook, kept, [1, 2, 3, 4])
     assert [(e.step, e.kind, e.accepted) for e in hook.events] == [
         (2, "zero_output_birth", True),
@@ -393,11 +401,7 @@ def test_growth_stops_once_every_newborn_of_the_last_births_was_removed():
 def test_a_newborn_that_stays_keeps_the_policy_growing():
     # The same, but the newborn is not removed: check 3 births again (only the gain rule
     # could stop the growth, two checks after the birth).
-    kept = _bank(KEPT_PAIR)
-    hook = cb.TransitionHook.growing(
-        _objective(kept.forward(X) + 1e-3 * _atom(0.43)), DOMAIN, every=1, plateau=np.inf,
-        scales=(SCALE,), prune_checks=9, **ONE_BIRTH,
-    )  # fmt: skip
+    kept, hook = _unpaid_birth(prune_checks=9)
     _check(hook, kept, [1, 2, 3])
     assert [(e.step, e.kind) for e in hook.events] == [
         (2, "zero_output_birth"),
@@ -407,29 +411,18 @@ def test_a_newborn_that_stays_keeps_the_policy_growing():
 
 
 def test_stop_tol_zero_keeps_growing_after_the_newborns_were_removed():
-    kept = _bank(KEPT_PAIR)
-    hook = cb.TransitionHook.growing(
-        _objective(kept.forward(X) + 1e-3 * _atom(0.43)), DOMAIN, every=1, plateau=np.inf,
-        scales=(SCALE,), prune_checks=1, stop_tol=0.0, **ONE_BIRTH,
-    )  # fmt: skip
+    kept, hook = _unpaid_birth(stop_tol=0.0)
     _check(hook, kept, [1, 2, 3, 4])
     kinds = [e.kind for e in hook.events]
     assert "remove_near_zero" in kinds and "stop_growing" not in kinds and not hook.stopped
 
 
 def test_the_last_newborns_are_saved_with_the_hook_state():
-    kept = _bank(KEPT_PAIR)
-    hook = cb.TransitionHook.growing(
-        _objective(kept.forward(X) + 1e-3 * _atom(0.43)), DOMAIN, every=1, plateau=np.inf,
-        scales=(SCALE,), prune_checks=1, **ONE_BIRTH,
-    )  # fmt: skip
+    kept, hook = _unpaid_birth()
     bank = _check(hook, kept, [1, 2])
     state = json.loads(json.dumps(hook.state_dict()))
     assert state["newborns"] == [["", 2]]
-    resumed = cb.TransitionHook.growing(
-        hook.objective, DOMAIN, every=1, plateau=np.inf, scales=(SCALE,), prune_checks=1,
-        **ONE_BIRTH,
-    )  # fmt: skip
+    _, resumed = _unpaid_birth()
     resumed.load_state_dict(state)
     _check(resumed, bank, [3])
     assert [e.kind for e in resumed.events[-2:]] == ["remove_near_zero", "stop_growing"]
