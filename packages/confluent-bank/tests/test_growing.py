@@ -417,26 +417,16 @@ def test_stop_tol_zero_keeps_growing_after_the_newborns_were_removed():
     assert "remove_near_zero" in kinds and "stop_growing" not in kinds and not hook.stopped
 
 
-def test_the_last_newborns_are_saved_with_the_hook_state():
+def test_a_resumed_hook_stops_once_the_saved_newborns_are_removed():
+    # The stop reads the saved events: a hook resumed between the birth and the removal
+    # decides as the uninterrupted one.
     kept, hook = _unpaid_birth()
     bank = _check(hook, kept, [1, 2])
     state = json.loads(json.dumps(hook.state_dict()))
-    assert state["newborns"] == [["", 2]]
     _, resumed = _unpaid_birth()
     resumed.load_state_dict(state)
     _check(resumed, bank, [3])
     assert [e.kind for e in resumed.events[-2:]] == ["remove_near_zero", "stop_growing"]
-
-
-def test_a_hook_state_saved_without_newborns_still_loads():
-    # States written before the newborns were saved: no removal-based stop, as then.
-    hook = cb.TransitionHook.growing(_objective(_target(0.43)), DOMAIN, every=1)
-    _check(hook, _bank(ZERO_PAIR), [1, 2])
-    state = hook.state_dict()
-    del state["newborns"]
-    resumed = cb.TransitionHook.growing(_objective(_target(0.43)), DOMAIN, every=1)
-    resumed.load_state_dict(state)
-    assert resumed.state_dict()["newborns"] is None and not resumed.stopped
 
 
 def test_no_check_between_multiples_of_every():

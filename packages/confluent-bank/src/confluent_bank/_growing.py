@@ -29,9 +29,10 @@ from confluent_bank._domains import BankDomains, Domain, DomainSpec
 from confluent_bank._hook import TransitionEvent, TransitionHook, _is_bank
 from confluent_bank._host import HostView, transaction
 from confluent_bank._newborn import Unseeded, newborn_weight, ramping_in
-from confluent_bank._pruning import _quiet_counts, _removal, _removal_acceptance
-from confluent_bank._records import RefinedPack, SlotMode
+from confluent_bank._pruning import REMOVE_NEAR_ZERO, _quiet_counts, _removal, _removal_acceptance
+from confluent_bank._records import RefinedPack, SlotMode, TransitionKind
 
+_BIRTH = TransitionKind.ZERO_OUTPUT_BIRTH
 NEWBORN_WEIGHT = "newborn_weight"
 """The kind of the event that records a newborn's first weight, set by a line search."""
 STOP_GROWING = "stop_growing"
@@ -133,8 +134,6 @@ class GrowingHook(TransitionHook):
         self._since_birth = 0
         self._stopped = False
         self._quiet: dict[str, dict[int, int]] = {}
-        # The last check's newborns `(path, slot id)` still active; None before any birth.
-        self._newborns: set[tuple[str, int]] | None = None
 
     def _default_acceptance(self, domain: Domain) -> Any:
         return _removal_acceptance(domain)
@@ -172,7 +171,6 @@ class GrowingHook(TransitionHook):
             "since_birth": self._since_birth,
             "stopped": self._stopped,
             "quiet": {p: {str(k): v for k, v in q.items()} for p, q in self._quiet.items()},
-            "newborns": None if self._newborns is None else sorted(self._newborns),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -189,9 +187,6 @@ class GrowingHook(TransitionHook):
             self._quiet = {
                 str(p): {int(k): int(v) for k, v in q.items()} for p, q in state["quiet"].items()
             }
-            # A state saved before newborns were tracked has none: as before, no such stop.
-            newborns = state.get("newborns")
-            self._newborns = None if newborns is None else {(str(p), int(k)) for p, k in newborns}
         except (KeyError, TypeError, AttributeError, ValueError) as error:
             raise ValueError(
                 "TransitionHook.load_state_dict: state must be what a growing hook's "
@@ -238,8 +233,6 @@ class GrowingHook(TransitionHook):
                 )
             if accepted:
                 live.pop(ident, None)
-                if self._newborns is not None:
-                    self._newborns.discard((path, ident))
         return state
 
     def _merge(
@@ -300,7 +293,7 @@ class GrowingHook(TransitionHook):
             return state  # a newborn ramping in has not shown its worth: judge it once warm
         if self._stopped or previous is None or previous - value > self.plateau * abs(previous):
             return state  # stopped, no reference yet, or still improving
-        if self._newborns == set() and self.stop_tol > 0:
+        if self.stop_tol > 0 and self._last_births_removed():
             # Every atom of the last births was removed as near zero: they did not pay off,
             # and births scored against this fit would follow them (at a loss near rounding,
             # a birth's line search gains a few per cent that training then undoes).
@@ -314,23 +307,38 @@ class GrowingHook(TransitionHook):
                 self._stop(step, value, gain)
                 return state
         first = None  # the first birth's score: later births of this check need half of it
-        newborns: set[tuple[str, int]] = set()
         for _ in range(self.births):
             best = self._best_candidate(leaves, treedef, banks)
             if best is None or not best[0] > 0 or (first is not None and best[0] < first / 2):
                 break
             state, after, born = self._birth(step, leaves, treedef, banks, state, value, best)
-            if born is not None:
-                newborns.add(born)
-            if born is None or not after < value:
+            if not born or not after < value:
                 # No birth, or a newborn left at weight 0 (no line search, or none that
                 # lowered the objective): the objective and so every score are as they were,
                 # and the next birth would be a copy of this one.
                 break
             first, value = (best[0] if first is None else first), after
-        if newborns:
-            self._newborns = newborns
         return state
+
+    def _last_births_removed(self) -> bool:
+        """Whether every atom born at the last check with births has since been removed as
+        near zero. Read from the events, so a hook resumed from `state_dict()` decides as
+        the uninterrupted one did."""
+        births = [k for k, e in enumerate(self.events) if e.kind == _BIRTH and e.accepted]
+        if not births:
+            return False
+        last = self.events[births[-1]].step
+        born = {
+            (e.path, e.slots[0])
+            for e in self.events
+            if e.kind == _BIRTH and e.accepted and e.step == last
+        }
+        removed = {
+            (e.path, e.slots[0])
+            for e in self.events[births[-1] + 1 :]
+            if e.kind == REMOVE_NEAR_ZERO and e.accepted
+        }
+        return born <= removed
 
     def _stop(self, step: int, value: float, gain: float) -> None:
         self._stopped = True
@@ -360,9 +368,8 @@ class GrowingHook(TransitionHook):
     def _birth(
         self, step: int, leaves: list, treedef: Any, banks: list[int], state: Any, value: float,
         best: tuple[float, int, int, int, float],
-    ) -> tuple[Any, float, tuple[str, int] | None]:  # fmt: skip
-        """Birth candidate `best`, then line-search its weight; `(state, objective, born)`,
-        `born` the newborn's `(path, slot id)` or None."""
+    ) -> tuple[Any, float, bool]:  # fmt: skip
+        """Birth candidate `best`, then line-search its weight; `(state, objective, born)`."""
         score, i, slot, j, gradient = best
         pool = self._scorer(jax.tree_util.keystr(leaves[i][0])).candidates
         pack = RefinedPack(
@@ -377,13 +384,13 @@ class GrowingHook(TransitionHook):
                 score=score, before=value, unchanged=True,
             )  # fmt: skip
         if not accepted:
-            return state, value, None
+            return state, value, False
         self._at_birth = value
         self._since_birth = 0
         if self.line_search:
             value = self._set_newborn_weight(step, leaves, treedef, i, slot, ident, value, gradient)
         self._previous = value
-        return state, value, (jax.tree_util.keystr(leaves[i][0]), ident)
+        return state, value, True
 
     def _set_newborn_weight(
         self, step: int, leaves: list, treedef: Any, i: int, slot: int, ident: int,
