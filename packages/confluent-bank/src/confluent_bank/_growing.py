@@ -24,13 +24,13 @@ import numpy as np
 
 from confluent_bank._bank import ConfluentPackBank
 from confluent_bank._candidates import CandidateScorer
-from confluent_bank._commit import detect_transitions
+from confluent_bank._collisions import _merge_proposal
 from confluent_bank._domains import BankDomains, Domain, DomainSpec
 from confluent_bank._hook import TransitionEvent, TransitionHook, _is_bank
 from confluent_bank._host import HostView, transaction
 from confluent_bank._newborn import Unseeded, newborn_weight, ramping_in
 from confluent_bank._pruning import REMOVE_NEAR_ZERO, _quiet_counts, _removal, _removal_acceptance
-from confluent_bank._records import RefinedPack, SlotMode, TransitionKind
+from confluent_bank._records import RefinedPack, TransitionKind
 
 _BIRTH = TransitionKind.ZERO_OUTPUT_BIRTH
 NEWBORN_WEIGHT = "newborn_weight"
@@ -240,48 +240,18 @@ class GrowingHook(TransitionHook):
     ) -> Any:
         for _ in range(leaves[i][1].max_packs):
             bank = leaves[i][1]
-            if not self._collisions(bank):
-                break
-            # Only a merge of a colliding pair itself: merging one of its atoms with a far one
-            # also lowers the count, but is not the near-exact merge the policy means.
-            colliding = {frozenset(p) for p in self._collisions(bank)}
-            ids = [int(x) for x in HostView.read(bank).host["slot_ids"]]
-            found = [
-                p
-                for p in detect_transitions(bank, lambda b: -len(self._collisions(b)))
-                if frozenset(ids.index(s) for s in p.slot_ids) in colliding
-            ]
-            if not found:
-                break
-            proposal = found[0]
-            with transaction(bank) as view:
-                first, second = view.positions(proposal.slot_ids)
-                scale = float(view.host["scales"][first])
-                gap = abs(scale * (view.host["centers"][first] - view.host["centers"][second]))
+            with transaction(bank):
+                found = _merge_proposal(bank, self.merge_distance)
+                if found is None:
+                    break
+                proposal, gap = found
                 state, accepted = self._commit_one(
                     step, leaves, treedef, i, proposal, state, n,
-                    score=float(gap), before=value, unchanged=True,
+                    score=gap, before=value, unchanged=True,
                 )  # fmt: skip
             if not accepted:
                 break
         return state
-
-    def _collisions(self, bank: ConfluentPackBank) -> list[tuple[int, int]]:
-        """Pairs of ordinary order-0 atoms with one input slope, `merge_distance` apart."""
-        host = HostView.read(bank).host
-        live = np.flatnonzero(
-            host["active"] & (host["modes"] == SlotMode.ORDINARY) & (host["orders"] == 0)
-        )
-        pairs = []
-        for a, first in enumerate(live):
-            for second in live[a + 1 :]:
-                scale = host["scales"][first]
-                if scale != host["scales"][second] or scale == 0:
-                    continue
-                gap = abs(scale * (host["centers"][first] - host["centers"][second]))
-                if gap <= self.merge_distance:
-                    pairs.append((int(first), int(second)))
-        return pairs
 
     def _grow(
         self, step: int, leaves: list, treedef: Any, banks: list[int], state: Any, value: float
