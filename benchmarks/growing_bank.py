@@ -56,6 +56,15 @@ CURVES = {
     "vee": lambda x: 0.3 * jnp.abs(x),
     "hill": lambda x: x**2 / (1 + x**2),
     "saturating": lambda x: 2 * x / (1 + jnp.abs(x)),
+    # A third held-out set, added on 2026-12-06 with the policy unchanged.
+    "michaelis_menten": lambda x: 2 * (x + 3) / (1.5 + (x + 3)),
+    "damped": lambda x: jnp.exp(-0.3 * (x + 3)) * jnp.sin(2 * (x + 3)),
+    "softplus": lambda x: jax.nn.softplus(3 * (x - 0.5)) / 3,
+    "bumps3": lambda x: sum(
+        a * jnp.exp(-3 * (x - c) ** 2) for a, c in ((0.4, -2.0), (-0.3, 0.0), (0.5, 1.8))
+    ),
+    "arctan": lambda x: jnp.arctan(3 * x) / 2,
+    "quartic": lambda x: 0.02 * x**4 - 0.2 * x**2 + 0.1 * x,
 }
 TAIL = 100  # Adam at these rates spikes now and then: the median over the last steps is robust
 
