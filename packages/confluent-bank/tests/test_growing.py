@@ -340,6 +340,14 @@ def test_far_apart_atoms_are_not_merged():
     assert hook.events == []
 
 
+def test_atoms_at_one_centre_with_different_slopes_are_not_merged():
+    # A centred pair shares one slope: atoms of slopes 1 and 2 have not collided.
+    packs = [cb.RefinedPack(0, 0.0, 1.0, 1.0), cb.RefinedPack(0, 0.0, -0.5, 2.0)]
+    hook = cb.TransitionHook.growing(_objective(_target(0.0)), DOMAIN, every=1, max_active=2)
+    _check(hook, _bank(packs), [1])
+    assert hook.events == []
+
+
 def test_an_atom_near_zero_for_prune_checks_checks_is_removed():
     packs = [cb.RefinedPack(0, 0.0, 1.0, 1.0), cb.RefinedPack(0, 1.0, 1e-7, 1.0)]
     hook = cb.TransitionHook.growing(
