@@ -14,7 +14,9 @@ atol 1e-10), trained through `hybrid_kernels.train_with_optax` (one phase of Ada
 - `bank+pair/unbounded`: the same, the bank built with `max_pairs=None` (the pair formulas on
   every slot, as every bank evaluated them before `max_pairs`);
 - `bank+moments`: the same bank after a truncated-moment commit (the two closest atoms to one
-  order-3 moment slot), made before training.
+  order-3 moment slot), made before training;
+- `bank+moments/unbounded`: the same, the bank built with `max_pairs=None`: what a default
+  bank holds after `TransitionHook.growing` merged two atoms (its default `merge_into`).
 
 Every run is a fresh Python process (nothing shared: compile caches, imports), the variants
 alternated run by run so that load drift hits all alike. The data are computed once by the
@@ -44,7 +46,14 @@ from pathlib import Path
 import _fresh
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-VARIANTS = ("mlp", "bank", "bank+pair", "bank+moments", "bank+pair/unbounded")
+VARIANTS = (
+    "mlp",
+    "bank",
+    "bank+pair",
+    "bank+moments",
+    "bank+pair/unbounded",
+    "bank+moments/unbounded",
+)
 LR = 0.02
 
 

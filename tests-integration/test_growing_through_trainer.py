@@ -116,10 +116,9 @@ def test_the_bank_grew_by_accepted_births_with_scores(grown):
     births = _births(grown)
     assert births
     assert all(e.score is not None and e.score > 0 for e in births)
-    # A removal frees a slot; a merge of two atoms into a centred pair frees one.
-    freed = sum(
-        e.accepted for e in grown.hook.events if e.kind in ("remove_near_zero", "centered_pair")
-    )
+    # A removal frees a slot; a merge of two atoms (into a moment slot or a pair) frees one.
+    merges_and_removals = ("remove_near_zero", "cluster_to_moments", "centered_pair")
+    freed = sum(e.accepted for e in grown.hook.events if e.kind in merges_and_removals)
     assert int(np.sum(np.asarray(grown.bank.active))) == 2 + len(births) - freed
     assert int(np.sum(np.asarray(grown.bank.active))) <= MAX_ACTIVE
 

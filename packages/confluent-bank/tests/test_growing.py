@@ -307,9 +307,11 @@ def test_ramping_in_reads_row_warmup_counters():
         assert ramping_in(born) == expected
 
 
-def test_colliding_atoms_are_merged_into_a_pair():
+def test_colliding_atoms_are_merged_into_a_pair_with_merge_into_pair():
     packs = [cb.RefinedPack(0, 0.0, 1.0, 1.0), cb.RefinedPack(0, 0.01, -0.5, 1.0)]
-    hook = cb.TransitionHook.growing(_objective(_target(0.0)), DOMAIN, every=1, max_active=2)
+    hook = cb.TransitionHook.growing(
+        _objective(_target(0.0)), DOMAIN, every=1, max_active=2, merge_into="pair"
+    )
     start = _bank(packs)
     bank = _check(hook, start, [1])
     (event,) = hook.events
@@ -319,16 +321,21 @@ def test_colliding_atoms_are_merged_into_a_pair():
     assert event.max_change <= 1e-13  # a pair merge is exact
 
 
-def test_only_the_colliding_pair_is_merged_among_far_atoms():
+@pytest.mark.parametrize(
+    ("merge_into", "kind"), [("pair", "centered_pair"), ("moments", "cluster_to_moments")]
+)
+def test_only_the_colliding_pair_is_merged_among_far_atoms(merge_into, kind):
     packs = [
         cb.RefinedPack(0, 0.0, 1.0, 1.0),
         cb.RefinedPack(0, 1.5, 0.4, 1.0),
         cb.RefinedPack(0, 0.01, -0.5, 1.0),
         cb.RefinedPack(0, -1.0, 0.3, 1.0),
     ]
-    hook = cb.TransitionHook.growing(_objective(_target(0.0)), DOMAIN, every=1, max_active=4)
+    hook = cb.TransitionHook.growing(
+        _objective(_target(0.0)), DOMAIN, every=1, max_active=4, merge_into=merge_into
+    )
     _check(hook, _bank(packs), [1])
-    merges = [e for e in hook.events if e.kind == "centered_pair"]
+    merges = [e for e in hook.events if e.kind == kind]
     assert [(e.accepted, e.slots) for e in merges] == [(True, (0, 2))]
     assert merges[0].score <= hook.merge_distance
 
@@ -346,6 +353,51 @@ def test_atoms_at_one_centre_with_different_slopes_are_not_merged():
     hook = cb.TransitionHook.growing(_objective(_target(0.0)), DOMAIN, every=1, max_active=2)
     _check(hook, _bank(packs), [1])
     assert hook.events == []
+
+
+COLLIDED = [cb.RefinedPack(0, 0.0, 1.0, 1.0), cb.RefinedPack(0, 0.01, -0.5, 1.0)]
+
+
+def _near_zero_budget(bank, prune_tol=1e-3, n_points=401):
+    grid = jnp.linspace(*DOMAIN, n_points)
+    return prune_tol * float(jnp.max(jnp.abs(bank.forward(grid))))
+
+
+def test_colliding_atoms_are_merged_into_one_moment_slot_by_default():
+    hook = cb.TransitionHook.growing(_objective(_target(0.0)), DOMAIN, every=1, max_active=2)
+    start = _bank(COLLIDED)
+    bank = _check(hook, start, [1])
+    (event,) = hook.events
+    assert (event.kind, event.accepted, event.slots) == ("cluster_to_moments", True, (0, 1))
+    assert event.score == pytest.approx(0.01)
+    assert int(bank.modes[0]) == cb.SlotMode.MOMENTS and not bool(bank.active[1])
+    grid = jnp.linspace(*DOMAIN, 401)
+    change = float(jnp.max(jnp.abs(bank.forward(grid) - start.forward(grid))))
+    assert 0 < change <= _near_zero_budget(start)  # a truncation, within a removal's budget
+    assert event.loss_after == pytest.approx(float(_objective(_target(0.0))(bank)), rel=1e-12)
+
+
+def test_a_moment_merge_takes_the_lowest_order_within_the_budget():
+    hook = cb.TransitionHook.growing(
+        _objective(_target(0.0)), DOMAIN, every=1, max_active=2, merge_into="moments"
+    )
+    start = _bank(COLLIDED)
+    order = int(_check(hook, start, [1]).orders[0])
+    accept, budget = cb.within_error_budget(DOMAIN), _near_zero_budget(start)
+    assert 0 < order < start.max_order  # order 0 drops the pair's difference: too coarse here
+    lower = start.propose_cluster((0, 1), order=order - 1, error_budget=budget)
+    assert not accept(start, lower)
+
+
+def test_a_collision_no_moment_order_holds_within_the_budget_becomes_an_exact_pair():
+    hook = cb.TransitionHook.growing(
+        _objective(_target(0.0)), DOMAIN, every=1, max_active=2, merge_into="moments"
+    )
+    start = cb.init_confluent_bank(COLLIDED, max_packs=6, max_order=0)  # order 0 only: too coarse
+    bank = _check(hook, start, [1])
+    (event,) = hook.events
+    assert (event.kind, event.accepted, event.slots) == ("centered_pair", True, (0, 1))
+    assert int(bank.modes[0]) == cb.SlotMode.PAIR and event.max_change <= 1e-13
 
 
 def test_an_atom_near_zero_for_prune_checks_checks_is_removed():
@@ -519,6 +571,7 @@ def test_growth_never_recompiles_the_training_step(training):
         ({"prune_checks": 0}, "prune_checks must be a positive integer"),
         ({"births": 0}, "births must be a positive integer"),
         ({"line_search": 1}, "line_search must be True or False"),
+        ({"merge_into": "pairs"}, "merge_into must be 'pair' or 'moments'"),
     ],
 )
 def test_growing_refuses_bad_options(options, match):

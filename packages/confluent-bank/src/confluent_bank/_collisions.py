@@ -1,20 +1,28 @@
-"""Collisions: which atoms the growing policy merges into a centred pair, and the merge.
+"""Collisions: which atoms the growing policy merges, and the merge.
 
 Two ordinary order-0 atoms with one input slope `s` whose centres came within
-`merge_distance / |s|` of each other have collided. Their merge is the bank's own exact
-`"centered_pair"` transition, found by `detect_transitions`; only a merge of a colliding pair
-itself qualifies (merging one of its atoms with a far one also lowers the count of
-collisions, but is not the near-exact merge the policy means).
+`merge_distance / |s|` of each other have collided. They merge into one truncated moment
+slot (`"cluster_to_moments"` at the lowest order whose remainder the acceptance bounds within
+an error budget), or into a centred pair, the bank's own exact `"centered_pair"` transition
+found by `detect_transitions` (only a merge of a colliding pair itself qualifies: merging one
+of its atoms with a far one also lowers the count of collisions, but is not the near-exact
+merge the policy means). A pair is exact, but a bank built without `max_pairs` evaluates the
+pair formulas on every slot once it holds one; a moment slot costs what an ordinary atom does.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
 from confluent_bank._bank import ConfluentPackBank
 from confluent_bank._commit import detect_transitions
 from confluent_bank._host import HostView, transaction
+from confluent_bank._proposals import propose_cluster
 from confluent_bank._records import SlotMode, TransitionProposal
+
+MERGE_TARGETS = ("pair", "moments")
 
 
 def _collisions(bank: ConfluentPackBank, merge_distance: float) -> list[tuple[int, int]]:
@@ -36,23 +44,44 @@ def _collisions(bank: ConfluentPackBank, merge_distance: float) -> list[tuple[in
     return pairs
 
 
+def _gap(view: HostView, first: int, second: int) -> float:
+    scale = float(view.host["scales"][first])
+    return abs(scale * float(view.host["centers"][first] - view.host["centers"][second]))
+
+
 def _merge_proposal(
-    bank: ConfluentPackBank, merge_distance: float
+    bank: ConfluentPackBank,
+    merge_distance: float,
+    into: str = "pair",
+    budget: float = 0.0,
+    accept: Callable[[ConfluentPackBank, TransitionProposal], bool] | None = None,
 ) -> tuple[TransitionProposal, float] | None:
-    """The first collided pair's merge and its distance `|s·(c₁ − c₂)|`, or `None`."""
+    """A collided pair's merge and its distance `|s·(c₁ − c₂)|`, or `None`.
+
+    `into="moments"`: the closest collided pair as one moment slot, with `budget` as the
+    proposal's error budget, at the lowest order that `accept` passes (the fewest new
+    coefficients for the optimiser to move); when no order up to `max_order` passes, the
+    centred pair below instead. `into="pair"`: the first merge `detect_transitions` ranks
+    among the collided pairs (none while the bank holds `max_pairs` pairs).
+    """
     with transaction(bank) as view:  # one device read for the search and the distance
-        colliding = {frozenset(p) for p in _collisions(bank, merge_distance)}
+        colliding = _collisions(bank, merge_distance)
         if not colliding:
             return None
+        if into == "moments" and accept is not None:
+            first, second = min(colliding, key=lambda p: _gap(view, *p))
+            for order in range(bank.max_order + 1):
+                proposal = propose_cluster(bank, (first, second), order=order, error_budget=budget)
+                if accept(bank, proposal):
+                    return proposal, _gap(view, first, second)
+        wanted = {frozenset(p) for p in colliding}
         ids = [int(x) for x in view.host["slot_ids"]]
         found = [
             p
             for p in detect_transitions(bank, lambda b: -len(_collisions(b, merge_distance)))
-            if frozenset(ids.index(s) for s in p.slot_ids) in colliding
+            if frozenset(ids.index(s) for s in p.slot_ids) in wanted
         ]
         if not found:
             return None
         first, second = view.positions(found[0].slot_ids)
-        scale = float(view.host["scales"][first])
-        gap = abs(scale * (view.host["centers"][first] - view.host["centers"][second]))
-    return found[0], float(gap)
+        return found[0], _gap(view, first, second)

@@ -2,7 +2,7 @@
 
 `TransitionHook.growing(objective, domain)` builds a `GrowingHook`. Every `every` steps it
 evaluates the objective once and decides, in this order: remove atoms whose contribution has
-stayed near zero, merge colliding atoms into centred pairs, and, when training has
+stayed near zero, merge colliding atoms (`_collisions.py`), and, when training has
 plateaued, birth the candidate atoms whose zero weights have the largest normalised gradient
 (up to `births` per check), each newborn's weight then set by a line search (`_newborn.py`).
 Births and the decision to stop wait while a `row_warmup` still ramps newborns in.
@@ -23,8 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from confluent_bank._bank import ConfluentPackBank
+from confluent_bank._bounds import EXACT_KINDS
 from confluent_bank._candidates import CandidateScorer
-from confluent_bank._collisions import _merge_proposal
+from confluent_bank._collisions import MERGE_TARGETS, _merge_proposal
 from confluent_bank._domains import BankDomains, Domain, DomainSpec
 from confluent_bank._hook import TransitionEvent, TransitionHook, _is_bank
 from confluent_bank._host import HostView, transaction
@@ -81,6 +82,7 @@ class GrowingHook(TransitionHook):
         prune_tol: float = 1e-3,
         prune_checks: int = 3,
         merge_distance: float = 0.05,
+        merge_into: str = "moments",
         line_search: bool = True,
         births: int = 3,
         adapter: Any = None,
@@ -106,6 +108,11 @@ class GrowingHook(TransitionHook):
         self.prune_tol = _non_negative(prune_tol, "prune_tol")
         self.prune_checks = _positive_int(prune_checks, "prune_checks")
         self.merge_distance = _non_negative(merge_distance, "merge_distance")
+        if merge_into not in MERGE_TARGETS:
+            raise ValueError(
+                f"{_name('merge_into')} must be 'pair' or 'moments', got {merge_into!r}"
+            )
+        self.merge_into = merge_into
         if not isinstance(line_search, bool):
             raise ValueError(f"{_name('line_search')} must be True or False, got {line_search!r}")
         self.line_search = line_search
@@ -203,9 +210,10 @@ class GrowingHook(TransitionHook):
         self._domains.check([jax.tree_util.keystr(leaves[i][0]) for i in banks])
         if banks and step % self.every == 0:
             value = self._evaluate(leaves, treedef)
+            n = len(banks)
             for i in banks:
-                opt_state = self._remove(step, leaves, treedef, i, opt_state, len(banks), value)
-                opt_state = self._merge(step, leaves, treedef, i, opt_state, len(banks), value)
+                opt_state = self._remove(step, leaves, treedef, i, opt_state, n, value)
+                opt_state, value = self._merge(step, leaves, treedef, i, opt_state, n, value)
             opt_state = self._grow(step, leaves, treedef, banks, opt_state, value)
         if self.retract:
             for i in banks:
@@ -216,12 +224,16 @@ class GrowingHook(TransitionHook):
         assert self.objective is not None
         return float(self.objective(treedef.unflatten([leaf for _, leaf in leaves])))
 
+    def _near_zero(self, path: str, bank: ConfluentPackBank) -> float:
+        """`prune_tol · max|f|` over the bank's domain: what counts as near zero."""
+        grid = jnp.linspace(*self._domains.of(path), self.n_points, dtype=bank.centers.dtype)
+        return self.prune_tol * float(jnp.max(jnp.abs(bank.forward(grid))))
+
     def _remove(
         self, step: int, leaves: list, treedef: Any, i: int, state: Any, n: int, value: float
     ) -> Any:
         path, bank = jax.tree_util.keystr(leaves[i][0]), leaves[i][1]
-        grid = jnp.linspace(*self._domains.of(path), self.n_points, dtype=bank.centers.dtype)
-        reference = self.prune_tol * float(jnp.max(jnp.abs(bank.forward(grid))))
+        reference = self._near_zero(path, bank)
         view = HostView.read(bank)
         live = _quiet_counts(view, bank.base, reference, self._quiet.get(path, {}))
         self._quiet[path] = live
@@ -237,21 +249,30 @@ class GrowingHook(TransitionHook):
 
     def _merge(
         self, step: int, leaves: list, treedef: Any, i: int, state: Any, n: int, value: float
-    ) -> Any:
+    ) -> tuple[Any, float]:
+        """Merge collided atoms while any are left; `(state, objective)`."""
+        path = jax.tree_util.keystr(leaves[i][0])
         for _ in range(leaves[i][1].max_packs):
             bank = leaves[i][1]
             with transaction(bank):
-                found = _merge_proposal(bank, self.merge_distance)
+                # A moment slot's remainder may change f by what a removal may.
+                budget = self._near_zero(path, bank) if self.merge_into == "moments" else 0.0
+                found = _merge_proposal(
+                    bank, self.merge_distance, self.merge_into, budget, self._acceptance(path)
+                )
                 if found is None:
                     break
                 proposal, gap = found
+                exact = proposal.kind in EXACT_KINDS
                 state, accepted = self._commit_one(
                     step, leaves, treedef, i, proposal, state, n,
-                    score=gap, before=value, unchanged=True,
+                    score=gap, before=value, unchanged=exact,
                 )  # fmt: skip
+            if accepted:
+                value = self.events[-1].loss_after
             if not accepted:
                 break
-        return state
+        return state, value
 
     def _grow(
         self, step: int, leaves: list, treedef: Any, banks: list[int], state: Any, value: float
