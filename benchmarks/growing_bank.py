@@ -4,7 +4,9 @@ Issue 24's target: on a 1-D curve, starting from 2 atoms and with no schedule wr
 user, `TransitionHook.growing` reaches at most 1.5× the MLP's mean-square error with at most
 16 slots. Both models train with Adam for `--steps` steps (default 4000) on 200 points of
 the curve; the MLP's learning rate is the best of 3e-3, 1e-2 and 3e-2 for it (measured
-here), the bank uses 1e-2 with `row_warmup` (not tuned per curve; `--no-warmup` drops it).
+here), the bank uses 1e-2 with `row_warmup` (not tuned per curve; `--no-warmup` drops it,
+`--bank-lr` changes the rate). `--lbfgs N` continues both models (each MLP rate's run, then
+the best) with N L-BFGS iterations after Adam, the recipe of many fields.
 The hand-written loop calls `hook.between_steps(step, bank, opt_state)` after every step, as
 any trainer would.
 
@@ -107,12 +109,34 @@ def fit(loss, model, optimizer, steps: int, hook=None, split=lambda m: m, merge=
     return model, np.asarray(jax.device_get(losses)), step
 
 
-def run_mlp(target: jax.Array, steps: int) -> tuple[float, float, list, float]:
-    """The best learning rate's `(final loss, lr, params, median of the last TAIL losses)`."""
+def lbfgs(loss, params, steps: int):
+    """`steps` iterations of `optax.lbfgs` (zoom line search) on `loss` from `params`."""
+    optimizer = optax.lbfgs()
+    value_and_grad = optax.value_and_grad_from_state(loss)
+
+    @jax.jit
+    def step(params, state):
+        value, grad = value_and_grad(params, state=state)
+        updates, state = optimizer.update(
+            grad, state, params, value=value, grad=grad, value_fn=loss
+        )
+        return optax.apply_updates(params, updates), state
+
+    state = optimizer.init(params)
+    for _ in range(steps):
+        params, state = step(params, state)
+    return params
+
+
+def run_mlp(target: jax.Array, steps: int, then_lbfgs: int = 0) -> tuple[float, float, list, float]:
+    """The best learning rate's `(final loss, lr, params, median of the last TAIL losses)`;
+    with `then_lbfgs`, each rate's Adam run is continued by that many L-BFGS iterations
+    (the tail stays Adam's)."""
     best = None
     for lr in (3e-3, 1e-2, 3e-2):
         loss = lambda p: jnp.mean((mlp(p, X) - target) ** 2)  # noqa: E731
         params, losses, _ = fit(loss, mlp_init(jax.random.PRNGKey(0)), optax.adam(lr), steps)
+        params = lbfgs(loss, params, then_lbfgs) if then_lbfgs else params
         final, tail = float(loss(params)), float(np.median(losses[-TAIL:]))
         print(f"  MLP lr={lr:g}: final MSE {final:.3e}, median of the last {TAIL} {tail:.3e}")
         if best is None or final < best[0]:
@@ -121,7 +145,13 @@ def run_mlp(target: jax.Array, steps: int) -> tuple[float, float, list, float]:
 
 
 def run_bank(
-    target: jax.Array, steps: int, every: int | None, warmup: bool = True, shift: float = 0.0
+    target: jax.Array,
+    steps: int,
+    every: int | None,
+    warmup: bool = True,
+    shift: float = 0.0,
+    lr: float = 1e-2,
+    then_lbfgs: int = 0,
 ) -> tuple:
     packs = [cb.RefinedPack(0, -1.0 + shift, 0.0, 1.0), cb.RefinedPack(0, 1.0 + shift, 0.0, 1.0)]
     bank = cb.init_confluent_bank(packs, max_packs=16, max_order=3)
@@ -133,7 +163,7 @@ def run_bank(
     hook = cb.TransitionHook.growing(jax.jit(objective), DOMAIN, **options)
     # row_warmup ramps newborn rows in (the recipe the guide gives); without it Adam's first
     # steps on a newborn are full-size.
-    optimizer = optax.adam(1e-2)
+    optimizer = optax.adam(lr)
     optimizer = cbo.row_warmup(optimizer, steps=100) if warmup else optimizer
     # The optimiser sees the bank's trainable blocks; the hook sees the bank.
     bank, losses, step = fit(
@@ -146,37 +176,50 @@ def run_bank(
         merge=lambda b, p: b.with_parameters(p),
     )
     traces = step._cache_size()
+    if then_lbfgs:  # the field's recipe: Adam, then L-BFGS (the hook has done its work)
+        params = lbfgs(lambda p: objective(bank.with_parameters(p)), bank.parameters, then_lbfgs)
+        bank = bank.with_parameters(params)
     return float(objective(bank)), bank, hook, losses, traces
 
 
 def main() -> None:
     global X
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--curve", default="tanh_bump", choices=[*sorted(CURVES), "all"])
+    parser.add_argument(
+        "--curve", nargs="+", default=["tanh_bump"], choices=[*sorted(CURVES), "all"]
+    )
     parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--every", type=int, default=None, help="default: the policy's")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--plot", default=None)
     parser.add_argument("--no-warmup", action="store_true", help="plain Adam for the bank")
     parser.add_argument("--float32", action="store_true", help="both models in float32")
+    parser.add_argument("--bank-lr", type=float, default=1e-2, help="the bank's Adam rate")
+    parser.add_argument("--lbfgs", type=int, default=0, help="L-BFGS iterations after Adam")
     parser.add_argument("--shifts", type=float, nargs="+", default=[0.0], help="start shifts")
     args = parser.parse_args()
     if args.float32:
         jax.config.update("jax_enable_x64", False)
         X = jnp.linspace(*DOMAIN, 200, dtype=jnp.float32)
     steps = 1000 if args.quick else args.steps
-    names = sorted(CURVES) if args.curve == "all" else [args.curve]
+    names = sorted(CURVES) if "all" in args.curve else args.curve
     summary = []
     for name in names:
         target = CURVES[name](X)
         print(f"[{name}] MLP 1-16-16-1 tanh, Adam, {steps} steps, {X.dtype}")
-        mlp_loss, lr, params, mlp_tail = run_mlp(target, steps)
-        recipe = "Adam 1e-2" if args.no_warmup else "Adam 1e-2 + row_warmup(100)"
+        mlp_loss, lr, params, mlp_tail = run_mlp(target, steps, args.lbfgs)
+        recipe = f"Adam {args.bank_lr:g}" + ("" if args.no_warmup else " + row_warmup(100)")
         for shift in args.shifts:
             print(f"[{name}] growing bank from 2 atoms (shift {shift:g}), {recipe}, {steps} steps")
             start = time.perf_counter()
             bank_loss, bank, hook, losses, traces = run_bank(
-                target, steps, args.every, warmup=not args.no_warmup, shift=shift
+                target,
+                steps,
+                args.every,
+                warmup=not args.no_warmup,
+                shift=shift,
+                lr=args.bank_lr,
+                then_lbfgs=args.lbfgs,
             )
             tail = float(np.median(losses[-TAIL:])) / mlp_tail
             seconds = time.perf_counter() - start
