@@ -389,6 +389,18 @@ def test_a_moment_merge_takes_the_lowest_order_within_the_budget():
     assert not accept(start, lower)
 
 
+def test_births_after_a_moment_merge_start_from_the_objective_after_it():
+    objective = _objective(_target(1.5))
+    hook = cb.TransitionHook.growing(objective, DOMAIN, every=1, plateau=np.inf, **ONE_BIRTH)
+    state = _adam_state(_bank(COLLIDED))
+    hook.between_steps(1, _bank(ZERO_PAIR), state)  # a first check: the plateau's reference
+    bank, _ = hook.between_steps(2, _bank(COLLIDED), state)
+    merge, birth = hook.events[-2:]
+    assert (merge.kind, birth.kind) == ("cluster_to_moments", "zero_output_birth")
+    assert merge.loss_after != merge.loss_before  # a truncation moves the objective a little
+    assert birth.loss_before == merge.loss_after == pytest.approx(float(objective(bank)))
+
+
 def test_a_collision_no_moment_order_holds_within_the_budget_becomes_an_exact_pair():
     hook = cb.TransitionHook.growing(
         _objective(_target(0.0)), DOMAIN, every=1, max_active=2, merge_into="moments"
