@@ -16,7 +16,7 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -82,7 +82,7 @@ class GrowingHook(TransitionHook):
         prune_tol: float = 1e-3,
         prune_checks: int = 3,
         merge_distance: float = 0.05,
-        merge_into: str = "moments",
+        merge_into: Literal["moments", "pair"] = "moments",
         line_search: bool = True,
         births: int = 3,
         adapter: Any = None,
@@ -268,10 +268,9 @@ class GrowingHook(TransitionHook):
                     step, leaves, treedef, i, proposal, state, n,
                     score=gap, before=value, unchanged=exact,
                 )  # fmt: skip
-            if accepted:
-                value = self.events[-1].loss_after
             if not accepted:
                 break
+            value = self.events[-1].loss_after
         return state, value
 
     def _grow(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -131,7 +131,7 @@ class TransitionHook:
         prune_tol: float = 1e-3,
         prune_checks: int = 3,
         merge_distance: float = 0.05,
-        merge_into: str = "moments",
+        merge_into: Literal["moments", "pair"] = "moments",
         line_search: bool = True,
         births: int = 3,
         adapter: Callable[[str], OptimizerStateAdapter[Any]] | None = None,
