@@ -54,8 +54,8 @@ RMS_MARGIN = 1.05  # one start is one draw: see the docstring below
 
 
 def test_the_grown_bank_learns_g_as_well_as_the_hand_scheduled_bank(grown, standard_run):
-    """Accuracy over the observed range is the RMS error of `g`; the grown bank's must be
-    within 5 % of the hand-scheduled bank's. The largest error sits at one end of the range,
+    """Accuracy over the observed range is the RMS error of `g`; the grown bank's may be at
+    most 5 % above the hand-scheduled bank's. The largest error sits at one end of the range,
     where one or two observations pin `g`, and which end depends on the optimizer state after
     the merge. The runs are chaotic: with the two starting atoms moved by −0.05, 0, 0.05 and
     0.1, the grown bank ended at RMS 0.0100, 0.0100, 0.0134 and 0.0090 with its default moment
