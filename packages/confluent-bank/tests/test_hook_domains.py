@@ -136,3 +136,21 @@ def test_a_malformed_domain_mapping_is_refused(domain, match):
 def test_growing_refuses_an_empty_interval_in_a_mapping():
     with pytest.raises(ValueError, match=r"growing: domain\['\[1\]'\] must have lo < hi"):
         cb.TransitionHook.growing(_objective, {"[0]": WIDE, "[1]": (0.3, 0.3)})
+
+
+def test_a_moment_merge_is_judged_on_its_own_banks_domain():
+    # Two atoms of slope 0.5 that collided at 8 g/L in the wide bank; the narrow bank is apart.
+    collided = [cb.RefinedPack(0, 8.0, 0.8, 0.5), cb.RefinedPack(0, 8.02, -0.4, 0.5)]
+    wide = cb.init_confluent_bank(collided, max_packs=5, max_order=3)
+    narrow = _banks()[1]
+    hook = cb.TransitionHook.growing(_objective, DOMAINS, every=1, max_active=2)
+    state = optax.adam(1e-2).init((wide.parameters, narrow.parameters))
+    (merged, _), _ = hook.between_steps(1, (wide, narrow), state)
+    (event,) = [e for e in hook.events if e.kind == "cluster_to_moments"]
+    assert (event.path, event.accepted) == ("[0]", True)
+    grid = jnp.linspace(*WIDE, 401)
+    budget = 1e-3 * float(jnp.max(jnp.abs(wide.forward(grid))))  # prune_tol · max|f| on WIDE
+    assert float(jnp.max(jnp.abs(merged.forward(grid) - wide.forward(grid)))) <= budget
+    order = int(merged.orders[0])
+    lower = wide.propose_cluster((0, 1), order=order - 1, error_budget=budget)
+    assert order >= 1 and not cb.within_error_budget(WIDE)(wide, lower)
