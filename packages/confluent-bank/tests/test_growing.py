@@ -389,6 +389,38 @@ def test_a_moment_merge_takes_the_lowest_order_within_the_budget():
     assert not accept(start, lower)
 
 
+def _chain(*centers_and_weights):
+    return [cb.RefinedPack(0, c, w, 1.0) for c, w in centers_and_weights]
+
+
+def test_atoms_joined_through_collisions_merge_into_one_moment_slot():
+    # 0 and 0.02 are 0.02 apart, within merge_distance too; 0.01 joins them either way.
+    hook = cb.TransitionHook.growing(_objective(_target(0.0)), DOMAIN, every=1, max_active=3)
+    start = _bank(_chain((0.0, 1.0), (0.01, -0.5), (0.02, 0.8)))
+    bank = _check(hook, start, [1])
+    (event,) = hook.events
+    assert (event.kind, event.accepted, event.slots) == ("cluster_to_moments", True, (0, 1, 2))
+    assert event.score == pytest.approx(0.02)  # the group's largest distance
+    assert np.asarray(bank.active).tolist() == [True] + [False] * 5
+    assert 0 < event.max_change <= _near_zero_budget(start)
+
+
+def test_a_group_beyond_the_budget_merges_its_closest_pair_alone():
+    # At order <= 1 the three atoms (0.05 across) do not fit the budget; the closest two,
+    # 0.001 apart, do, and the third stays as it was.
+    hook = cb.TransitionHook.growing(_objective(_target(0.0)), DOMAIN, every=1, max_active=3)
+    start = cb.init_confluent_bank(
+        _chain((0.0, 1.0), (0.001, -0.5), (0.05, 0.8)), max_packs=6, max_order=1
+    )
+    bank = _check(hook, start, [1])
+    (event,) = hook.events
+    assert (event.kind, event.accepted, event.slots) == ("cluster_to_moments", True, (0, 1))
+    assert event.score == pytest.approx(0.001)
+    assert np.asarray(bank.active).tolist() == [True, False, True] + [False] * 3
+    assert int(bank.modes[2]) == cb.SlotMode.ORDINARY
+    assert float(bank.centers[2]) == 0.05 and float(bank.weights[2]) == 0.8
+
+
 def test_births_after_a_moment_merge_start_from_the_objective_after_it():
     objective = _objective(_target(1.5))
     hook = cb.TransitionHook.growing(objective, DOMAIN, every=1, plateau=np.inf, **ONE_BIRTH)

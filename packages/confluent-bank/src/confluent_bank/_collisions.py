@@ -3,7 +3,8 @@
 Two ordinary order-0 atoms with one input slope `s` whose centres came within
 `merge_distance / |s|` of each other have collided. They merge into one truncated moment
 slot (`"cluster_to_moments"` at the lowest order whose remainder the acceptance bounds within
-an error budget), or into a centred pair, the bank's own exact `"centered_pair"` transition
+an error budget; with every atom joined to them through collisions, when that group fits the
+budget as one slot), or into a centred pair, the bank's own exact `"centered_pair"` transition
 found by `detect_transitions` (only a merge of a colliding pair itself qualifies: merging one
 of its atoms with a far one also lowers the count of collisions, but is not the near-exact
 merge the policy means). A pair is exact, but a bank built without `max_pairs` evaluates the
@@ -49,6 +50,23 @@ def _gap(view: HostView, first: int, second: int) -> float:
     return abs(scale * float(view.host["centers"][first] - view.host["centers"][second]))
 
 
+def _group(pairs: list[tuple[int, int]], seed: tuple[int, int]) -> tuple[int, ...]:
+    """The slots joined to `seed` through collided pairs, in slot order (so the first, which
+    keeps a cluster, is the lowest position). All share one slope: only such atoms collide."""
+    group = set(seed)
+    grown = True
+    while grown:
+        joined = {slot for pair in pairs if group & set(pair) for slot in pair}
+        grown = not joined <= group
+        group |= joined
+    return tuple(sorted(group))
+
+
+def _spread(view: HostView, slots: tuple[int, ...]) -> float:
+    """The largest distance `|s·(c_i − c_j)|` within a group of one slope."""
+    return max(_gap(view, a, b) for a in slots for b in slots if a < b)
+
+
 def _merge_proposal(
     bank: ConfluentPackBank,
     merge_distance: float,
@@ -58,22 +76,26 @@ def _merge_proposal(
 ) -> tuple[TransitionProposal, float] | None:
     """A collided pair's merge and its distance `|s·(c₁ − c₂)|`, or `None`.
 
-    `into="moments"`: the closest collided pair as one moment slot, with `budget` as the
-    proposal's error budget, at the lowest order that `accept` passes (the fewest new
-    coefficients for the optimiser to move); when no order up to `max_order` passes, the
-    centred pair below instead. `into="pair"`: the first merge `detect_transitions` ranks
-    among the collided pairs (none while the bank holds `max_pairs` pairs).
+    `into="moments"`: the closest collided pair, with every atom joined to it through
+    collisions, as one moment slot, with `budget` as the proposal's error budget, at the
+    lowest order that `accept` passes (the fewest new coefficients for the optimiser to
+    move); when no order up to `max_order` passes for the group, the closest pair alone; when
+    none passes for it either, the centred pair below instead. `into="pair"`: the first merge
+    `detect_transitions` ranks among the collided pairs (none while the bank holds
+    `max_pairs` pairs). The distance returned is the merged atoms' largest.
     """
     with transaction(bank) as view:  # one device read for the search and the distance
         colliding = _collisions(bank, merge_distance)
         if not colliding:
             return None
         if into == "moments" and accept is not None:
-            first, second = min(colliding, key=lambda p: _gap(view, *p))
-            for order in range(bank.max_order + 1):
-                proposal = propose_cluster(bank, (first, second), order=order, error_budget=budget)
-                if accept(bank, proposal):
-                    return proposal, _gap(view, first, second)
+            closest = min(colliding, key=lambda p: _gap(view, *p))
+            group = _group(colliding, closest)
+            for slots in dict.fromkeys((group, closest)):  # the group first, then the pair
+                for order in range(bank.max_order + 1):
+                    proposal = propose_cluster(bank, slots, order=order, error_budget=budget)
+                    if accept(bank, proposal):
+                        return proposal, _spread(view, slots)
         wanted = {frozenset(p) for p in colliding}
         ids = [int(x) for x in view.host["slot_ids"]]
         found = [

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -22,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from confluent_bank import _growing_options as options
 from confluent_bank._bank import ConfluentPackBank
 from confluent_bank._bounds import EXACT_KINDS
 from confluent_bank._candidates import CandidateScorer
@@ -38,25 +38,6 @@ NEWBORN_WEIGHT = "newborn_weight"
 """The kind of the event that records a newborn's first weight, set by a line search."""
 STOP_GROWING = "stop_growing"
 """The kind of the event that records the decision to stop growing (nothing is committed)."""
-
-
-def _name(argument: str) -> str:
-    return f"TransitionHook.growing: {argument}"
-
-
-def _positive_int(value: Any, argument: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{_name(argument)} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _non_negative(value: Any, argument: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{_name(argument)} must be a finite number >= 0, got {value!r}")
-    number = float(value)
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"{_name(argument)} must be a finite number >= 0, got {value!r}")
-    return number
 
 
 class GrowingHook(TransitionHook):
@@ -89,8 +70,7 @@ class GrowingHook(TransitionHook):
         retract: bool = True,
         n_points: int = 401,
     ) -> None:
-        if not callable(objective):
-            raise TypeError(f"{_name('objective')} must be callable, got {objective!r}")
+        objective = options.objective(objective)
         domains = BankDomains(domain, "TransitionHook.growing", strict=True)
         super().__init__(
             lambda step, path, bank: None,
@@ -101,34 +81,21 @@ class GrowingHook(TransitionHook):
             n_points=n_points,
         )
         self._domains = domains  # the same domains; its messages name this constructor
-        self.every = _positive_int(every, "every")
-        self.max_active = None if max_active is None else _positive_int(max_active, "max_active")
-        self.plateau = _non_negative(plateau, "plateau") if plateau != math.inf else math.inf
-        self.stop_tol = _non_negative(stop_tol, "stop_tol")
-        self.prune_tol = _non_negative(prune_tol, "prune_tol")
-        self.prune_checks = _positive_int(prune_checks, "prune_checks")
-        self.merge_distance = _non_negative(merge_distance, "merge_distance")
-        if merge_into not in MERGE_TARGETS:
-            raise ValueError(
-                f"{_name('merge_into')} must be 'pair' or 'moments', got {merge_into!r}"
-            )
-        self.merge_into = merge_into
-        if not isinstance(line_search, bool):
-            raise ValueError(f"{_name('line_search')} must be True or False, got {line_search!r}")
-        self.line_search = line_search
-        self.births = _positive_int(births, "births")
-        self.n_centers = _positive_int(n_centers, "n_centers")
-        if scales is not None and not (
-            scales
-            and all(isinstance(s, numbers.Real) and math.isfinite(s) and s > 0 for s in scales)
-        ):
-            raise ValueError(f"{_name('scales')} must be finite numbers > 0, got {scales!r}")
-        self.scales = None if scales is None else tuple(float(s) for s in scales)
-        if not orders or not all(
-            isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 0 for n in orders
-        ):
-            raise ValueError(f"{_name('orders')} must be integers >= 0, got {orders!r}")
-        self.orders = tuple(int(n) for n in orders)
+        self.every = options.positive_int(every, "every")
+        self.max_active = (
+            None if max_active is None else options.positive_int(max_active, "max_active")
+        )
+        self.plateau = options.non_negative(plateau, "plateau") if plateau != math.inf else math.inf
+        self.stop_tol = options.non_negative(stop_tol, "stop_tol")
+        self.prune_tol = options.non_negative(prune_tol, "prune_tol")
+        self.prune_checks = options.positive_int(prune_checks, "prune_checks")
+        self.merge_distance = options.non_negative(merge_distance, "merge_distance")
+        self.merge_into = options.choice(merge_into, "merge_into", MERGE_TARGETS)
+        self.line_search = options.flag(line_search, "line_search")
+        self.births = options.positive_int(births, "births")
+        self.n_centers = options.positive_int(n_centers, "n_centers")
+        self.scales = options.slopes(scales)
+        self.orders = options.orders(orders)
         self._scorers: dict[Domain, CandidateScorer] = {}
         shared = domains.shared
         self.candidates = (

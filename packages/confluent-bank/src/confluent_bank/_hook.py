@@ -149,10 +149,12 @@ class TransitionHook:
            0), which changes `f` by at most that bound and is accepted only within it;
         2. **merges** colliding atoms (ordinary order-0 atoms with one common input slope `s`
            and `|s·(c₁ − c₂)| ≤ merge_distance`; atoms whose slopes are trained apart never
-           collide). By default (`merge_into="moments"`) the closest two become one truncated
-           moment slot (`"cluster_to_moments"`) of the lowest order whose rigorous remainder
-           bound stays within a removal's budget (`prune_tol · max|f|`); when no order up to
-           the bank's `max_order` does, or with `merge_into="pair"`, they become a centred
+           collide). By default (`merge_into="moments"`) the closest two, with every atom
+           joined to them through collisions, become one truncated moment slot
+           (`"cluster_to_moments"`) of the lowest order whose rigorous remainder bound stays
+           within a removal's budget (`prune_tol · max|f|`); a group that no order fits merges
+           its closest two alone; when no order up to the bank's `max_order` fits them either,
+           or with `merge_into="pair"`, they become a centred
            pair, exactly, as ranked by `detect_transitions` with minus the number of
            collisions as its score (none while a bank holds `max_pairs` pairs). A moment slot
            costs a training step what an ordinary atom does; a bank built without
