@@ -265,7 +265,7 @@ def _slot_order_sum(terms: Array) -> Array:
     # inside a solver's loop costs more to compile and to run. Beyond 128 slots the adds run
     # in a loop over blocks of 16, still in slot order: the growing hook scores its candidates
     # on a bank of P + 164 slots, whose gradient through the integration example's ODE took
-    # 19.6 s of XLA compile with every add unrolled and 9.7-10.9 s in blocks. XLA then fuses
+    # 21.7-22.5 s of XLA compile with every add unrolled and 11.8-13.6 s in blocks. XLA fuses
     # the terms differently, so such a bank's value may differ from the sum of its
     # `slot_terms` by an ulp; banks up to 128 slots agree with it bit for bit.
     unroll = True if terms.shape[0] <= _UNROLLED_SLOTS else _BLOCK

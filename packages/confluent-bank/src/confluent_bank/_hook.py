@@ -154,9 +154,9 @@ class TransitionHook:
            (`"cluster_to_moments"`) of the lowest order whose rigorous remainder bound stays
            within a removal's budget (`prune_tol · max|f|`); a group that no order fits merges
            its closest two alone; when no order up to the bank's `max_order` fits them either,
-           or with `merge_into="pair"`, they become a centred
-           pair, exactly, as ranked by `detect_transitions` with minus the number of
-           collisions as its score (none while a bank holds `max_pairs` pairs). A moment slot
+           or with `merge_into="pair"`, they become a centred pair, exactly, as ranked by
+           `detect_transitions` with minus the number of collisions as its score (none while
+           a bank holds `max_pairs` pairs). A moment slot
            costs a training step what an ordinary atom does; a bank built without
            `max_pairs` evaluates the pair formulas on every slot once it holds a pair;
         3. **births**, on a plateau (the objective is not below `(1 − plateau)` times its lowest
