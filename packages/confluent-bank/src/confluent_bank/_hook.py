@@ -156,9 +156,9 @@ class TransitionHook:
            its closest two alone; when no order up to the bank's `max_order` fits them either,
            or with `merge_into="pair"`, they become a centred pair, exactly, as ranked by
            `detect_transitions` with minus the number of collisions as its score (none while
-           a bank holds `max_pairs` pairs). A moment slot
-           costs a training step what an ordinary atom does; a bank built without
-           `max_pairs` evaluates the pair formulas on every slot once it holds a pair;
+           a bank holds `max_pairs` pairs). A moment slot costs a training step what an
+           ordinary atom does; a bank built without `max_pairs` evaluates the pair formulas
+           on every slot once it holds a pair;
         3. **births**, on a plateau (the objective is not below `(1 − plateau)` times its lowest
            value since the last birth), the best candidate of all banks with room (fewer than
            `max_active` active slots): a zero-output birth, exact, in the first free slot.
