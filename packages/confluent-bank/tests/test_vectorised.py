@@ -174,13 +174,19 @@ def test_mixed_mode_pair_bank_terms_and_norms_match_the_reference(pair_bank):
     np.testing.assert_allclose(bank.pack_term_norms(x), norms, rtol=1e-15)
 
 
+def sum_in_slot_order(terms: np.ndarray) -> np.ndarray:
+    """`0 + terms[0] + terms[1] + ...` in float arithmetic, one add at a time."""
+    total = np.zeros_like(terms[0])
+    for term in terms:
+        total = total + term
+    return total
+
+
 @pytest.mark.parametrize("capacity", [16, 128])
 def test_forward_accumulates_slot_terms_in_slot_order(capacity):
     bank = random_bank(4, capacity, 3)
     terms = np.asarray(bank.slot_terms(Z))
-    expected = np.zeros_like(terms[0])
-    for term in terms:
-        expected = expected + term
+    expected = sum_in_slot_order(terms)
     np.testing.assert_array_equal(bank.forward(Z), expected)
     np.testing.assert_array_equal(jax.jit(cb.bank_forward)(bank, Z), expected)
 
@@ -190,9 +196,7 @@ def test_a_bank_wider_than_128_slots_sums_its_terms_in_slot_order_to_rounding():
     # but XLA fuses the terms differently, so the value may differ by an ulp.
     bank = random_bank(4, 173, 3)
     terms = np.asarray(bank.slot_terms(Z))
-    expected = np.zeros_like(terms[0])
-    for term in terms:
-        expected = expected + term
+    expected = sum_in_slot_order(terms)
     ulp = np.finfo(terms.dtype).eps * np.sum(np.abs(terms), axis=0)
     assert np.all(np.abs(np.asarray(bank.forward(Z)) - expected) <= 4 * ulp)
 
