@@ -192,9 +192,10 @@ def test_a_run_resumed_mid_growth_ends_like_the_uninterrupted_one(problem, grown
 
 def test_a_bank_keeps_growing_through_adam_then_lbfgs(problem):
     # The field's recipe: Adam, then L-BFGS. A birth in the L-BFGS phase restarts its
-    # curvature memory (confluent_bank.optax), and the run goes on to a lower loss.
+    # curvature memory (confluent_bank.optax), and the run goes on to a lower loss. Births
+    # at every other check (the one after a birth waits): 10, 20 and 30.
     hook = cb.TransitionHook.growing(
-        problem["objective"], problem["domain"], every=10, plateau=float("inf"), births=1
+        problem["objective"], problem["domain"], every=5, plateau=float("inf"), births=1
     )
     history, trained = hk.train_with_optax(
         (P.two_broad_atoms(jnp.float64),),

@@ -502,14 +502,33 @@ def test_growth_stops_once_every_newborn_of_the_last_births_was_removed():
     assert hook.stopped and hook.events[-1].score == 0.0
 
 
-def test_a_newborn_that_stays_keeps_the_policy_growing():
-    # The same, but the newborn is not removed: check 3 births again (only the gain rule
-    # could stop the growth, two checks after the birth).
+def test_the_check_after_a_birth_neither_births_nor_stops():
+    # The newborn is not removed and the objective does not move: the next check waits for
+    # it, and only the gain rule, two checks after the birth, can stop the growth.
     kept, hook = _unpaid_birth(prune_checks=9)
     _check(hook, kept, [1, 2, 3])
+    assert [(e.step, e.kind) for e in hook.events] == [(2, "zero_output_birth")]
+    assert not hook.stopped
+    _check(hook, kept, [4])
+    assert [(e.step, e.kind) for e in hook.events[1:]] == [(4, "stop_growing")]
+
+
+def test_a_bump_after_a_birth_is_not_a_plateau():
+    # Adam's first full steps on a newborn's fresh rows raise the objective for a while.
+    # Read as a plateau, that bump birthed again at every check: an SEIR fit through the
+    # trainer filled its 12 slots in 100 steps for no gain. The check during the bump
+    # waits; once the objective is below its value at the birth, the policy grows on.
+    kept, hook = _unpaid_birth(prune_checks=9)
+    level = [1.0]
+    base = hook.objective
+    hook.objective = lambda bank: level[0] * base(bank)
+    bank = kept
+    for step, factor in [(1, 1.0), (2, 1.0), (3, 5.0), (4, 0.5)]:
+        level[0] = factor
+        bank = _check(hook, bank, [step])
     assert [(e.step, e.kind) for e in hook.events] == [
         (2, "zero_output_birth"),
-        (3, "zero_output_birth"),
+        (4, "zero_output_birth"),
     ]
     assert not hook.stopped
 

@@ -256,8 +256,11 @@ class GrowingHook(TransitionHook):
             # a birth's line search gains a few per cent that training then undoes).
             self._stop(step, value, 0.0)
             return state
-        # A newborn gets two checks to pay off before the policy judges it.
-        if self._at_birth is not None and self._since_birth >= 2:
+        # A newborn gets two checks to pay off before the policy judges it or births again:
+        # the bump Adam makes on fresh rows is not a plateau.
+        if self._at_birth is not None and self._since_birth < 2:
+            return state
+        if self._at_birth is not None:
             lowest = min(previous, value)
             gain = (self._at_birth - lowest) / abs(self._at_birth) if self._at_birth else 0.0
             if gain < self.stop_tol:

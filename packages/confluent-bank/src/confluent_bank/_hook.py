@@ -183,7 +183,9 @@ class TransitionHook:
         Births and the stop wait while a `row_warmup` in the optimiser state still ramps a
         restarted coordinate in: until its ramp is done, a newborn has not shown its worth,
         and a plateau then would fill the slots with atoms scored against a fit that the
-        last ones have not yet changed.
+        last ones have not yet changed. With or without it, the check right after a birth
+        births nothing and does not judge the newborn's gain: Adam's first full steps on the
+        fresh rows bump the objective, and a bump is not a plateau.
 
         Each decision is a `TransitionEvent` whose `score` says why (see `TransitionEvent`);
         a stop is an event of kind `"stop_growing"` with no slots. The optimiser moves a
@@ -219,8 +221,9 @@ class TransitionHook:
         - `max_active`: most active slots per bank (default: the bank's capacity).
         - `plateau`: relative improvement over one interval below which training counts as
           plateaued (default 0.1). Larger grows sooner and more (`math.inf` births at every
-          check); smaller lets each atom converge first. With 0.2 and `every=20`, one of the
-          four 1-D curves filled its 16 slots by step 180 and ended at 2.4× the MLP.
+          check but the one right after a birth); smaller lets each atom converge first.
+          With 0.2 and `every=20`, one of the four 1-D curves filled its 16 slots by step
+          180 and ended at 2.4× the MLP.
         - `stop_tol`: the relative gain a birth must bring (default 0.01); 0 never stops.
         - `n_centers`: candidate centres (default 41); finer than the features you expect.
         - `scales`: candidate slopes (default `(2, 4, 8, 16) / (hi − lo)`, atoms from half
