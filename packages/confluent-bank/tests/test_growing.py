@@ -516,8 +516,9 @@ def test_the_check_after_a_birth_neither_births_nor_stops():
 def test_a_bump_after_a_birth_is_not_a_plateau():
     # Adam's first full steps on a newborn's fresh rows raise the objective for a while.
     # Read as a plateau, that bump birthed again at every check: an SEIR fit through the
-    # trainer filled its 12 slots in 100 steps for no gain. The check during the bump
-    # waits; once the objective is below its value at the birth, the policy grows on.
+    # trainer filled its 12 slots in 100 steps and learned its incidence worse. The check
+    # during the bump waits; once the objective is below its value at the birth, the
+    # policy grows on.
     kept, hook = _unpaid_birth(prune_checks=9)
     level = [1.0]
     base = hook.objective
