@@ -6,6 +6,7 @@ same data with the same configuration."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import jax.numpy as jnp
@@ -42,6 +43,15 @@ def test_the_grown_bank_grew_from_two_atoms_with_no_schedule(grown):
     births = [e for e in hook.events if e.kind == "zero_output_birth" and e.accepted]
     assert len(births) >= 2 and all(e.score > 0 for e in births)
     assert 2 < int(bank.active.sum()) <= 6
+
+
+def test_no_birth_comes_at_the_check_right_after_a_birth(grown):
+    # Under the trainer's plain Adam a newborn bumps the loss for a few steps; until the
+    # policy waited a check, the bump after the birth at 220 counted as a plateau at 240.
+    _, _, hook = grown
+    steps = sorted({e.step for e in hook.events if e.kind == "zero_output_birth"})
+    gaps = [later - earlier for earlier, later in itertools.pairwise(steps)]
+    assert gaps and min(gaps) >= 2 * hook.every
 
 
 def test_the_grown_bank_reaches_the_hand_scheduled_banks_loss(grown, standard_run):
