@@ -156,6 +156,33 @@ def test_the_line_search_takes_a_quarter_step_after_a_non_finite_trial():
     assert calls == [1.0, 0.25, 1.0]  # a quarter, then the parabola's minimum (no better)
 
 
+@pytest.mark.parametrize("error", [RuntimeError, ValueError])
+def test_a_trial_weight_whose_objective_raises_counts_as_a_blow_up(error):
+    # A newborn weight can make the model's ODE unsolvable, and diffrax under throw=True
+    # (a user's own diffeqsolve) raises instead of returning inf: an EquinoxRuntimeError,
+    # or a ValueError through a plain jax.jit. A predator-prey fit through the trainer died
+    # there, inside the line search (under a policy variant that birthed later).
+    target = _target(0.43)
+    objective = _objective(target)
+    trials = []
+
+    def fragile(bank):
+        weight = bank.weights[2]
+        if not isinstance(weight, jax.core.Tracer):  # the scoring pass traces it at 0
+            trials.append(float(weight))
+            if abs(float(weight)) > 0.5:
+                raise error("The maximum number of solver steps was reached.")
+        return objective(bank)
+
+    hook = cb.TransitionHook.growing(
+        fragile, DOMAIN, every=1, plateau=np.inf, scales=(SCALE,), births=1
+    )
+    bank = _check(hook, _bank(ZERO_PAIR), [1, 2])
+    trial, parabola = trials[-2:]  # the parabola's minimum (the best weight) raised
+    assert 0 < trial <= 0.5 < parabola
+    assert float(bank.weights[2]) == trial and hook.events[-1].accepted
+
+
 def test_the_line_search_refuses_a_decrease_smaller_than_armijos():
     from confluent_bank._newborn import newborn_weight
 

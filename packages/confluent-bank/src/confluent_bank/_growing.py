@@ -365,7 +365,15 @@ class GrowingHook(TransitionHook):
         def loss_at(weight: float) -> float:
             pieces = [leaf for _, leaf in leaves]
             pieces[i] = with_weight(weight)
-            return float(self.objective(treedef.unflatten(pieces)))
+            try:
+                return float(self.objective(treedef.unflatten(pieces)))
+            except Exception:
+                # A trial weight can make the model's ODE unsolvable, and a solver that gives
+                # up raises rather than returning inf (diffrax's max_steps under throw=True:
+                # an EquinoxRuntimeError, or a ValueError under a plain jax.jit). The
+                # objective has just run at these shapes with the weight at 0, so what fails
+                # here is the model at this weight: to the line search, a blow-up.
+                return math.inf
 
         weight, after = newborn_weight(loss_at, value, gradient)
         moved = weight != 0.0

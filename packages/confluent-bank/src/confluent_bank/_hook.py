@@ -169,8 +169,10 @@ class TransitionHook:
            unit RMS over the domain. With `line_search`, the newborn's weight then moves from
            0 to the minimum of a parabola through the objective at 0, its gradient there (from
            the scoring) and one trial point, backtracked until it lowers the objective by
-           Armijo's rule (two evaluations, at most five; kept only if the objective falls):
-           an event of kind `"newborn_weight"`, refused if the weight stayed 0. Up to
+           Armijo's rule (two evaluations, at most five; kept only if the objective falls;
+           a trial at which the objective raises, such as a solve that ran out of
+           `max_steps` under `throw=True`, counts as a blow-up): an event of kind
+           `"newborn_weight"`, refused if the weight stayed 0. Up to
            `births` atoms are born per check, each scored afresh after the previous one's
            line search, while the best score is at least half the check's first and each
            newborn's line search lowered the objective;
