@@ -284,6 +284,22 @@ def transition_hook(
 # --8<-- [end:hook]
 
 
+def growing_hook(
+    dataset: hk.Dataset, start: cb.ConfluentPackBank, *, dtype: Any
+) -> cb.TransitionHook:
+    """``TransitionHook.growing`` with its defaults but ``max_active=6``, on the training
+    objective over the data range: how the integration tests grow a bank from ``start``
+    (``two_broad_atoms``)."""
+    objective = hk.build_objective(
+        dataset,
+        simulate_fn=simulate,
+        state_to_output=state_to_output,
+        solver=make_solver(dtype),
+        trainable=bank_trainable((start,)),
+    )
+    return cb.TransitionHook.growing(objective, data_range(dataset), max_active=6)
+
+
 def _pairs_by_span(host: dict[str, np.ndarray]) -> list[tuple[int, int]]:
     """Every pair of active order-0 ordinary atoms, closest centres first."""
     ordinary = np.flatnonzero(host["active"] & (host["modes"] == 0) & (host["orders"] == 0))

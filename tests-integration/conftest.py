@@ -54,10 +54,26 @@ def control_run(standard_run) -> Any:
     return history
 
 
+@dataclasses.dataclass
+class GrownRun:
+    history: Any
+    bank: Any
+    hook: Any  # the confluent_bank.GrowingHook that grew it
+
+
+@pytest.fixture(scope="session")
+def grown_run(standard_run) -> GrownRun:
+    """The standard problem's bank grown from two broad atoms by the growing hook."""
+    start = P.two_broad_atoms(jnp.float64)
+    hook = P.growing_hook(standard_run.dataset, start, dtype=jnp.float64)
+    history, bank = P.run_standard(standard_run.dataset, dtype=jnp.float64, hooks=hook, bank=start)
+    return GrownRun(history, bank, hook)
+
+
 def _files_reading_shared_runs() -> set[str]:
-    """The test files that use `standard_run` or `control_run` (read from their source: the
-    scheduler runs in xdist's controller, which collects no tests)."""
-    uses = re.compile(r"\b(standard_run|control_run)\b")
+    """The test files that use `standard_run`, `control_run` or `grown_run` (read from their
+    source: the scheduler runs in xdist's controller, which collects no tests)."""
+    uses = re.compile(r"\b(standard_run|control_run|grown_run)\b")
     return {p.name for p in Path(__file__).parent.glob("test_*.py") if uses.search(p.read_text())}
 
 

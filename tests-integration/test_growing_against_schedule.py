@@ -9,11 +9,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-import jax.numpy as jnp
 import pytest
-
-import confluent_bank as cb
-import hybrid_kernels as hk
 
 import hybrid_problem as P
 
@@ -21,21 +17,9 @@ G_TOLERANCE = 0.05  # test_end_to_end's bound on the hand-scheduled bank's max |
 MERGES = ("cluster_to_moments", "centered_pair")
 
 
-@pytest.fixture(scope="module")
-def grown(standard_run) -> tuple[Any, Any, Any]:
-    dataset = standard_run.dataset
-    start = P.two_broad_atoms(jnp.float64)
-    trainable = P.bank_trainable((start,))
-    objective = hk.build_objective(
-        dataset,
-        simulate_fn=P.simulate,
-        state_to_output=P.state_to_output,
-        solver=P.make_solver(jnp.float64),
-        trainable=trainable,
-    )
-    hook = cb.TransitionHook.growing(objective, standard_run.domain, max_active=6)
-    history, bank = P.run_standard(dataset, dtype=jnp.float64, hooks=hook, bank=start)
-    return history, bank, hook
+@pytest.fixture
+def grown(grown_run) -> tuple[Any, Any, Any]:
+    return grown_run.history, grown_run.bank, grown_run.hook
 
 
 def test_the_grown_bank_grew_from_two_atoms_with_no_schedule(grown):
