@@ -3,7 +3,8 @@
 Joins `jax.distributed` on the coordinator it is given (a single process with `--processes 1`
 skips that), trains a short float64 run of the standard problem with a confluent bank inside
 the ODE and planned transitions, predicts every experiment and scores it (per channel and per
-experiment: every process should get the global result), and writes what the tests compare
+experiment: every process should get the global result), with `--grow` then grows a bank
+from two atoms by the growing hook on the same data, and writes what the tests compare
 to `<out>/result-<process id>.json`.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -25,6 +27,7 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 # A commit needs a few steps of training first; both commits are function-preserving.
 PLAN = {6: "birth", 12: "pair"}
 STEPS = (10, 10)
+GROW_EVERY = 4  # with --grow: births at steps 8 and 16 (the check after a birth waits)
 HEARTBEAT_SECONDS = 10  # how long a lost peer goes unnoticed by the coordination service
 
 
@@ -42,6 +45,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--bank-file", default=None)
     parser.add_argument("--die-at", type=int, default=None, help="process 1 exits at this step")
     parser.add_argument("--jumps", action="store_true", help="give each experiment state jumps")
+    parser.add_argument("--grow", action="store_true", help="then grow a bank from two atoms")
     return parser.parse_args()
 
 
@@ -82,6 +86,35 @@ def _with_jumps(hk, experiments):
             )
         )
     return out
+
+
+def _grow(dataset, domain) -> dict:
+    """The same training, from two atoms grown by `TransitionHook.growing`: its decisions
+    come from the objective of the global dataset, on every process."""
+    import jax.numpy as jnp
+
+    import confluent_bank as cb
+    import hybrid_kernels as hk
+
+    import hybrid_problem as P
+
+    start = P.two_broad_atoms(jnp.float64)
+    objective = hk.build_objective(
+        dataset,
+        simulate_fn=P.simulate,
+        state_to_output=P.state_to_output,
+        solver=P.make_solver(jnp.float64),
+        trainable=P.bank_trainable((start,)),
+    )
+    hook = cb.TransitionHook.growing(objective, domain, every=GROW_EVERY, plateau=math.inf)
+    history, bank = P.run_standard(
+        dataset, dtype=jnp.float64, hooks=hook, bank=start, steps=STEPS, lr=(0.05, 0.02)
+    )
+    return dict(
+        grown_history=[float(x) for x in history],
+        grown_events=[(e.step, e.kind, e.accepted) for e in hook.events],
+        grown_digest=cb.snapshot_digest(bank.portable_snapshot()),
+    )
 
 
 def main() -> None:
@@ -174,6 +207,8 @@ def main() -> None:
         exp_ids=[list(ids) for ids in dataset.exp_ids],
         seconds=time.monotonic() - started,
     )
+    if args.grow:
+        result.update(_grow(dataset, domain))
     Path(args.out, f"result-{args.process_id}.json").write_text(json.dumps(result))
 
 

@@ -154,3 +154,40 @@ def test_a_moment_merge_is_judged_on_its_own_banks_domain():
     order = int(merged.orders[0])
     lower = wide.propose_cluster((0, 1), order=order - 1, error_budget=budget)
     assert order >= 1 and not cb.within_error_budget(WIDE)(wide, lower)
+
+
+def _processes(monkeypatch, others):
+    """Pretend to be process 0 of two; the other process's digest is `others(mine)`."""
+    from jax.experimental import multihost_utils
+
+    gathered = []
+
+    def allgather(mine):
+        gathered.append(mine)
+        return np.stack([mine, others(np.asarray(mine))])
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(multihost_utils, "process_allgather", allgather)
+    return gathered
+
+
+@pytest.mark.parametrize("growing", [True, False], ids=["growing", "plain"])
+def test_a_hook_refuses_a_domain_that_differs_between_processes(monkeypatch, growing):
+    # A domain read from each process's own data (process-local datasets) would spread
+    # other candidates or accept other commits on each process, and the replicated banks
+    # would silently diverge.
+    _processes(monkeypatch, lambda mine: mine ^ 1)
+    if growing:
+        hook = cb.TransitionHook.growing(_objective, DOMAINS, every=1, plateau=np.inf)
+    else:
+        hook = cb.TransitionHook(lambda step, path, bank: None, DOMAINS)
+    owner = "TransitionHook.growing" if growing else "TransitionHook"
+    with pytest.raises(ValueError, match=rf"^{owner}: domain differs between processes"):
+        _grow(hook, 1)
+
+
+def test_a_growing_hook_compares_the_processes_domains_once(monkeypatch):
+    gathered = _processes(monkeypatch, lambda mine: mine)
+    hook = cb.TransitionHook.growing(_objective, DOMAINS, every=1, plateau=np.inf)
+    _grow(hook, 3)
+    assert len(gathered) == 1 and any(e.kind == "zero_output_birth" for e in hook.events)

@@ -8,9 +8,14 @@ either one domain for all of them or a mapping from each bank's path (as
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Mapping
 from typing import Any, TypeAlias
+
+import jax
+import numpy as np
 
 Domain: TypeAlias = tuple[float, float]
 DomainSpec: TypeAlias = tuple[float, float] | Mapping[str, tuple[float, float]]
@@ -97,3 +102,28 @@ class BankDomains:
                 "as the hook's events write it)"
             )
         return self.per_bank[path]
+
+    def agree_across_processes(self) -> None:
+        """Refuse a domain that differs between the processes of a multi-process run.
+
+        Each process runs the hook itself, so its decisions agree only if its inputs do; a
+        domain read from one process's own data (with `process_local` datasets) would
+        spread other candidates and accept other commits, and the banks that every process
+        holds as one replicated parameter would silently diverge. One all-gather of a digest
+        of the domain; nothing with one process.
+
+        **Raises:** `ValueError` naming this process and its domain when they differ.
+        """
+        if jax.process_count() == 1:
+            return
+        from jax.experimental import multihost_utils
+
+        text = json.dumps(self.given if self.shared is not None else sorted(self.per_bank.items()))
+        mine = np.frombuffer(hashlib.sha256(text.encode()).digest(), dtype=np.uint8)
+        every = np.asarray(multihost_utils.process_allgather(mine))
+        if not (every == every[0]).all():
+            raise ValueError(
+                f"{self._owner}: domain differs between processes (process "
+                f"{jax.process_index()} has {self.given!r}): give every process the same "
+                "domain, the global input range, not the range of its own data"
+            )

@@ -174,7 +174,7 @@ class GrowingHook(TransitionHook):
         leaves, treedef = jax.tree_util.tree_flatten_with_path(predictors, is_leaf=_is_bank)
         leaves = list(leaves)
         banks = [i for i, (_, leaf) in enumerate(leaves) if _is_bank(leaf)]
-        self._domains.check([jax.tree_util.keystr(leaves[i][0]) for i in banks])
+        self._check_domains(leaves, banks)
         if banks and step % self.every == 0:
             value = self._evaluate(leaves, treedef)
             n = len(banks)

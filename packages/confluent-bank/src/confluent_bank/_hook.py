@@ -79,8 +79,11 @@ class TransitionHook:
     - `n_points`: grid size for `max_change` (default 401).
 
     **Raises:** `ValueError` for a malformed `domain` or `n_points < 2`, and (from
-    `between_steps`) for a bank whose path a `domain` mapping lacks; `TypeError` when
-    `propose` is not callable or returns something other than a proposal or `None`.
+    `between_steps`) for a bank whose path a `domain` mapping lacks, or, in a run of several
+    processes (`jax.distributed`), at the first call on every process when the processes
+    gave different domains (one all-gather compares them: each process runs the hook, and
+    its commits must agree); `TypeError` when `propose` is not callable or returns
+    something other than a proposal or `None`.
     """
 
     def __init__(
@@ -97,6 +100,7 @@ class TransitionHook:
         if not callable(propose):
             raise TypeError(f"TransitionHook: propose must be callable, got {propose!r}")
         self._domains = BankDomains(domain, "TransitionHook")
+        self._agreed = False  # whether the processes' domains were compared (first call)
         if isinstance(n_points, bool) or not isinstance(n_points, int) or n_points < 2:
             raise ValueError(f"TransitionHook: n_points must be an integer >= 2, got {n_points!r}")
         self.propose = propose
@@ -248,7 +252,8 @@ class TransitionHook:
         - `adapter`, `retract`, `n_points`: as for `TransitionHook`.
 
         **Raises:** `ValueError` naming the argument for a value outside these ranges;
-        `TypeError` when `objective` is not callable.
+        `TypeError` when `objective` is not callable; and, as for `TransitionHook`, at the
+        first call when the processes of a multi-process run gave different domains.
         """
         from confluent_bank._growing import GrowingHook  # the policy imports this module
 
@@ -301,7 +306,7 @@ class TransitionHook:
         leaves, treedef = jax.tree_util.tree_flatten_with_path(predictors, is_leaf=_is_bank)
         leaves = list(leaves)
         banks = [i for i, (_, leaf) in enumerate(leaves) if _is_bank(leaf)]
-        self._domains.check([jax.tree_util.keystr(leaves[i][0]) for i in banks])
+        self._check_domains(leaves, banks)
         for i in banks:
             path, bank = jax.tree_util.keystr(leaves[i][0]), leaves[i][1]
             # One host transaction per bank: the policy's proposals, the commit and its
@@ -323,6 +328,13 @@ class TransitionHook:
             for i in banks:
                 leaves[i] = (leaves[i][0], leaves[i][1].retract())
         return treedef.unflatten([leaf for _, leaf in leaves]), opt_state
+
+    def _check_domains(self, leaves: list[tuple[Any, Any]], banks: list[int]) -> None:
+        """Every visited bank has a domain; at the first call, every process has the same."""
+        self._domains.check([jax.tree_util.keystr(leaves[i][0]) for i in banks])
+        if not self._agreed:
+            self._domains.agree_across_processes()
+            self._agreed = True
 
     def _commit_one(
         self,
