@@ -1,9 +1,8 @@
 """Child process for the multi-device test (run as a script, not collected).
 
 Run with ``XLA_FLAGS=--xla_force_host_platform_device_count=4``: trains the standard problem,
-transitions included, on every visible CPU device, then grows its bank from two atoms with
-the growing hook, and writes the loss histories, the events and the device count to the
-JSON file named by the first argument.
+transitions included, on every visible CPU device and writes the loss history and the device
+count to the JSON file named by the first argument.
 """
 
 from __future__ import annotations
@@ -31,11 +30,6 @@ def main(out: str) -> None:
         "shardings": sorted(shardings),
         "g_error": P.g_error(bank, P.data_range(dataset)),
     }
-    start = P.two_broad_atoms(jnp.float64)
-    growing = P.growing_hook(dataset, start, dtype=jnp.float64)
-    grown_history, _ = P.run_standard(dataset, dtype=jnp.float64, hooks=growing, bank=start)
-    result["grown_history"] = [float(x) for x in grown_history]
-    result["grown_events"] = [(e.step, e.kind, e.accepted) for e in growing.events]
     with open(out, "w") as f:
         json.dump(result, f)
 
