@@ -2,10 +2,10 @@
 
 Every run here is the same short float64 training of the standard problem (a confluent bank
 inside the ODE, a birth and a centred-pair merge committed mid-run; where named, then a bank
-grown from two atoms by the growing hook), launched by `_launch`
-as subprocesses with bounded timeouts. The reference is one process with four devices that
-also joins the runtime (alone), so both sides use the same gloo collectives and therefore
-add the rows' gradients in the same order.
+grown from two atoms by the growing hook), launched by `_launch` as subprocesses with bounded
+timeouts. The reference is one process with four devices that also joins the runtime
+(alone), so both sides use the same gloo collectives and therefore add the rows' gradients
+in the same order.
 """
 
 from __future__ import annotations
