@@ -285,11 +285,17 @@ def transition_hook(
 
 
 def growing_hook(
-    dataset: hk.Dataset, start: cb.ConfluentPackBank, *, dtype: Any
+    dataset: hk.Dataset,
+    start: cb.ConfluentPackBank,
+    *,
+    dtype: Any,
+    domain: tuple[float, float] | None = None,
+    **options: Any,
 ) -> cb.TransitionHook:
-    """``TransitionHook.growing`` with its defaults but ``max_active=6``, on the training
-    objective over the data range: how the integration tests grow a bank from ``start``
-    (``two_broad_atoms``)."""
+    """``TransitionHook.growing`` on the training objective: how the integration tests grow
+    a bank from ``start`` (``two_broad_atoms``). ``domain`` defaults to the data range (give
+    the global one where each process holds part of the data); ``options`` go to the hook,
+    whose defaults hold but ``max_active=6``."""
     objective = hk.build_objective(
         dataset,
         simulate_fn=simulate,
@@ -297,7 +303,8 @@ def growing_hook(
         solver=make_solver(dtype),
         trainable=bank_trainable((start,)),
     )
-    return cb.TransitionHook.growing(objective, data_range(dataset), max_active=6)
+    domain = data_range(dataset) if domain is None else domain
+    return cb.TransitionHook.growing(objective, domain, **{"max_active": 6, **options})
 
 
 def _pairs_by_span(host: dict[str, np.ndarray]) -> list[tuple[int, int]]:

@@ -94,19 +94,14 @@ def _grow(dataset, domain) -> dict:
     import jax.numpy as jnp
 
     import confluent_bank as cb
-    import hybrid_kernels as hk
 
     import hybrid_problem as P
 
     start = P.two_broad_atoms(jnp.float64)
-    objective = hk.build_objective(
-        dataset,
-        simulate_fn=P.simulate,
-        state_to_output=P.state_to_output,
-        solver=P.make_solver(jnp.float64),
-        trainable=P.bank_trainable((start,)),
-    )
-    hook = cb.TransitionHook.growing(objective, domain, every=GROW_EVERY, plateau=math.inf)
+    hook = P.growing_hook(
+        dataset, start, dtype=jnp.float64, domain=domain,
+        every=GROW_EVERY, plateau=math.inf, max_active=None,
+    )  # fmt: skip
     history, bank = P.run_standard(
         dataset, dtype=jnp.float64, hooks=hook, bank=start, steps=STEPS, lr=(0.05, 0.02)
     )
