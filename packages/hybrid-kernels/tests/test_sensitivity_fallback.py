@@ -175,3 +175,20 @@ def test_a_model_that_fails_in_both_modes_raises_its_own_error(dataset, caplog):
         with pytest.raises(RuntimeError, match="the model's own bug"):
             step((Rate(jnp.asarray(0.4)),), dataset.bucket_payloads[0], 1.0)
     assert fallback_records(caplog) == []
+
+
+def test_a_model_that_fails_in_reverse_mode_too_raises_that_error_not_forward_modes(
+    dataset, caplog
+):
+    # Plain diffrax fails forward mode for being a custom_vjp; the model's own fault (here a
+    # state_to_output that raises) is what reverse mode meets, and what the user must see.
+    def broken_output(full):
+        raise RuntimeError("the output's own bug")
+
+    step = hk.build_bucket_step(
+        plain_diffrax_simulate, broken_output, readme_solver(), hk.masked_mse, True
+    )
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        with pytest.raises(RuntimeError, match="the output's own bug"):
+            step((Rate(jnp.asarray(0.4)),), dataset.bucket_payloads[0], 1.0)
+    assert fallback_records(caplog) == []

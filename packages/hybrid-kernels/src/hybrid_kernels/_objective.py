@@ -15,6 +15,7 @@ per bucket, not a second differentiation through the solver.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,6 +27,7 @@ import optax
 from jaxtyping import Array, Float
 
 from hybrid_kernels._dtypes import default_float
+from hybrid_kernels._errors import host_callbacks_patchable
 from hybrid_kernels._kernels import (
     _bucket_step,
     _Objective,
@@ -36,6 +38,7 @@ from hybrid_kernels._kernels import (
 from hybrid_kernels._losses import resolve_loss_fn
 from hybrid_kernels._penalties import bound_penalty
 from hybrid_kernels._preflight import check_fraction, check_weight
+from hybrid_kernels._quiet import is_quiet, quiet
 from hybrid_kernels._reductions import REDUCTIONS, bucket_weights
 from hybrid_kernels._trainable import trainable_mask
 
@@ -61,6 +64,19 @@ class Objective(eqx.Module):
     def __call__(self, predictors: Any) -> Float[Array, ""]:
         return _call(self, predictors)
 
+    def for_trials(self) -> Objective:
+        """This objective as a line search's `value_fn` should see it: under
+        `SolverConfig(throw=True)`, a trial whose solve fails (in `solver.diffeqsolve` or in a
+        `diffrax.diffeqsolve` that `simulate_fn` calls itself) makes the value NaN instead of
+        raising inside the optimiser's update; optax's line searches treat NaN as outside the
+        domain and shrink the step. Where every solve succeeds the value and gradient are
+        this objective's. Under `throw=False` it is this objective.
+
+        Keep the objective itself for the parameters a run holds, where a failed solve must
+        raise; the trainer passes `for_trials()` to its line searches.
+        """
+        return dataclasses.replace(self, body=trial_body(self.body))
+
 
 def _mask(objective: Objective, predictors: Any) -> Any:
     trainable = objective.trainable
@@ -82,6 +98,27 @@ def _any_solved(failed: list[Array], payloads: tuple[Any, ...]) -> Array:
     return jnp.any(jnp.stack(ok))
 
 
+def trial_body(body: _Objective) -> _Objective:
+    """`body` as a line search's trials run it: under `throw=True`, traced without host
+    callbacks (`_quiet`), so that a trial whose solve fails poisons its row with NaN instead of
+    raising inside the optimiser's update, and the whole value is NaN (`_measured`). optax's
+    line searches treat a NaN value as outside the domain and shrink the step; a trial is not
+    a step the run takes, so `throw=True` still holds at every parameter it keeps."""
+    if not body.solver.throw or not host_callbacks_patchable():
+        return body
+    return dataclasses.replace(body, solver=quiet(body.solver))
+
+
+def _measured(total: Array, failed: list[Array], objective: Objective) -> Array:
+    """`total`, or NaN where it measured nothing: every experiment failed (`throw=False`, as in
+    the trainer), or, for a trial body (`trial_body`), any experiment did (`throw=True`)."""
+    total = jnp.where(_any_solved(failed, objective.payloads), total, jnp.nan)
+    if is_quiet(objective.body.solver):
+        real = [f & (bp.row_weights > 0) for f, bp in zip(failed, objective.payloads, strict=True)]
+        total = jnp.where(jnp.any(jnp.stack([r.any() for r in real])), jnp.nan, total)
+    return total
+
+
 @eqx.filter_custom_jvp
 def _value(diff, static, objective):
     """The value, forward only: each bucket scored once, no backward pass."""
@@ -93,8 +130,7 @@ def _value(diff, static, objective):
         losses.append(loss)
         failed.append(f)
     total = sum(o.weights[b].astype(loss.dtype) * loss for b, loss in enumerate(losses))
-    # Every experiment failed (throw=False): the value measured nothing, as in the trainer.
-    total = jnp.where(_any_solved(failed, o.payloads), total, jnp.nan)
+    total = _measured(total, failed, o)
     if o.penalty_fn is not None:
         pen = o.penalty_fn(predictors, o.points)
         total = total + (o.penalty_weight * pen).astype(total.dtype)
@@ -130,7 +166,7 @@ def value_and_grad(objective: Objective, predictors: Any) -> tuple[Array, Any]:
         failed.append(f)
     w = [o.weights[b].astype(loss.dtype) for b, loss in enumerate(losses)]
     total = sum(wb * loss for wb, loss in zip(w, losses, strict=True))
-    total = jnp.where(_any_solved(failed, o.payloads), total, jnp.nan)
+    total = _measured(total, failed, o)
     combined = jax.tree.map(lambda *gs: sum(wb * g for wb, g in zip(w, gs, strict=True)), *grads)
     if o.penalty_fn is not None:
         pen, pen_grads = _penalty_step(o.penalty_fn, mask, predictors, o.penalty_weight, o.points)

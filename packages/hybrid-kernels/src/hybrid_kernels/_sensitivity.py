@@ -111,7 +111,12 @@ def value_and_grad(
     try:
         out = reverse(diff)
     except Exception:
-        raise forward_error from None  # the model fails either way: its own error, unchanged
+        # The model fails either way: its own error, unchanged. Where forward mode failed
+        # only for being forward mode (a custom_vjp), that is reverse mode's error, which
+        # names the model's fault (a wrong `state_to_output`, say) rather than the mode's.
+        if _is_mode_error(forward_error):
+            raise
+        raise forward_error from None
     if solver.sensitivity == "forward":
         raise ValueError(
             "SolverConfig(sensitivity='forward') cannot differentiate this simulate_fn: forward "
@@ -151,6 +156,12 @@ def _record_fallback(key: Any, error: Exception) -> None:
         _FALLBACKS[key] = reason
     if not known:
         _log.info(reason)
+
+
+def _is_mode_error(error: Exception) -> bool:
+    """Whether `error` is jax refusing forward mode through a `custom_vjp` (diffrax's default
+    adjoint), not a fault of the model."""
+    return isinstance(error, TypeError) and "custom_vjp" in str(error)
 
 
 def _first_line(error: Exception) -> str:

@@ -31,7 +31,11 @@ from hybrid_kernels._kernels import (
     build_score_bucket,
 )
 from hybrid_kernels._losses import resolve_loss_fn
-from hybrid_kernels._objective import Objective, make_objective, value_and_grad_from_state
+from hybrid_kernels._objective import (
+    Objective,
+    make_objective,
+    value_and_grad_from_state,
+)
 from hybrid_kernels._penalties import bound_penalty
 from hybrid_kernels._training._step import any_solved, make_tail, set_learning_rate
 from hybrid_kernels._training.config import OPTIMIZER_REGISTRY, OptaxTrainingConfig
@@ -203,7 +207,9 @@ class Engine:
 
     def objective(self, payloads: tuple[Any, ...], inputs: Any) -> Objective:
         """The objective a step with `inputs` descends, for optimisers that call `value_fn`;
-        built once per phase (per `inputs`)."""
+        built once per phase (per `inputs`). `Objective.for_trials`: under `throw=True`, a
+        trial whose solve fails is NaN, which the line search rejects, instead of an error
+        that would end the run."""
         if self._objective_for is not inputs:
             kernel = self.bucket_step
             self._objective = make_objective(
@@ -216,7 +222,7 @@ class Engine:
                 penalty_fn=self.penalty_fn,
                 penalty_weight=inputs.penalty_weight,
                 points=inputs.points,
-            )
+            ).for_trials()
             self._objective_for = inputs
         return self._objective
 
