@@ -10,7 +10,7 @@ model keeps the linear terms and learns the interaction with a 2-8-8-2 tanh MLP
   timed).
 - `hand-written loop`: the same number of L-BFGS steps from the same Adam end point (the
   trainer's, with `restore_best=False`), written as optax documents it on the same objective
-  (`hk.build_objective`, what the trainer's line search calls): `optax.lbfgs()`,
+  (`hk.build_objective(...).for_trials()`, what the trainer's line search calls): `optax.lbfgs()`,
   `optax.value_and_grad_from_state`, one `eqx.filter_jit` step, and one `float(value)` per
   step (as the trainer's `log_every=1`).
 
@@ -211,7 +211,7 @@ def main() -> None:
     objective = eqx.filter_jit(direct_objective(ys))
     same = hk.build_objective(
         dataset, simulate_fn=simulate, state_to_output=identity, solver=solver
-    )
+    ).for_trials()
     print(f"Lotka-Volterra UDE: 1 trajectory, {len(TS)} points, 2-8-8-2 tanh MLP, float64")
     print("compiling (trainer: adam and lbfgs; hand-written loop) ...", flush=True)
     t0 = time.perf_counter()
