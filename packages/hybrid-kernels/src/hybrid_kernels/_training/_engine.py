@@ -31,11 +31,7 @@ from hybrid_kernels._kernels import (
     build_score_bucket,
 )
 from hybrid_kernels._losses import resolve_loss_fn
-from hybrid_kernels._objective import (
-    Objective,
-    make_objective,
-    value_and_grad_from_state,
-)
+from hybrid_kernels._objective import Objective, make_objective, value_and_grad_from_state
 from hybrid_kernels._penalties import bound_penalty
 from hybrid_kernels._training._step import any_solved, make_tail, set_learning_rate
 from hybrid_kernels._training.config import OPTIMIZER_REGISTRY, OptaxTrainingConfig
