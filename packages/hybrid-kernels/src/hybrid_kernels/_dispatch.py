@@ -136,8 +136,7 @@ class _BucketKernel:
         """This kernel's entry traced without host callbacks (`_quiet`): a `throw=True`
         solve's failed checks leave NaN and flag their rows, for the caller to replay."""
         objective = self._bound[0]
-        solver = quiet(objective.solver) if objective.solver.throw else objective.solver
-        bound = (dataclasses.replace(objective, solver=solver), *self._bound[1:])
+        bound = (dataclasses.replace(objective, solver=quiet(objective.solver)), *self._bound[1:])
         return fj.entry(self._body, *bound)
 
     @property

@@ -27,7 +27,6 @@ import optax
 from jaxtyping import Array, Float
 
 from hybrid_kernels._dtypes import default_float
-from hybrid_kernels._errors import host_callbacks_patchable
 from hybrid_kernels._kernels import (
     _bucket_step,
     _Objective,
@@ -104,9 +103,8 @@ def trial_body(body: _Objective) -> _Objective:
     raising inside the optimiser's update, and the whole value is NaN (`_measured`). optax's
     line searches treat a NaN value as outside the domain and shrink the step; a trial is not
     a step the run takes, so `throw=True` still holds at every parameter it keeps."""
-    if not body.solver.throw or not host_callbacks_patchable():
-        return body
-    return dataclasses.replace(body, solver=quiet(body.solver))
+    solver = quiet(body.solver)
+    return body if solver is body.solver else dataclasses.replace(body, solver=solver)
 
 
 def _measured(total: Array, failed: list[Array], objective: Objective) -> Array:

@@ -33,8 +33,9 @@ class _QuietSolver(SolverConfig):
 
 
 def quiet(solver: SolverConfig) -> SolverConfig:
-    """`solver` traced without host callbacks (see the module)."""
-    return solver if is_quiet(solver) else _as(_QuietSolver, solver)
+    """`solver` traced without host callbacks (see the module); a `throw=False` config, which
+    holds none already, is returned as it is."""
+    return solver if is_quiet(solver) or not solver.throw else _as(_QuietSolver, solver)
 
 
 def loud(solver: SolverConfig) -> SolverConfig:
