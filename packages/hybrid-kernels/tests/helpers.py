@@ -7,6 +7,7 @@ Each model is small enough that a diffrax kernel compiles in a couple of seconds
 - `FlagModel`: the oscillator plus an int32 metadata leaf and a trace counter; a penalty that
   is NaN while the flag is set makes chosen steps non-finite (safe steps, hooks, recompiles).
 - `rate_*`: a `BoundedPredictor` rate in a decay model, for the bound penalty.
+- `lbfgs_loop`: the custom-loop page's hand-written optax L-BFGS loop.
 
 A [`Model`][] holds the predictors at their *true* values, `simulate_fn`, `state_to_output`,
 a `solver`, and `experiments(lengths, ...)` that builds noise-free (or noisy) experiments of
@@ -32,6 +33,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 import hybrid_kernels as hk
 
@@ -390,3 +392,25 @@ def amplitude_dataset(k: float = 0.7, a: float = 2.0) -> hk.Dataset:
             )
         )
     return hk.make_dataset(exps, output_channel_names=["y"])
+
+
+def lbfgs_loop(value_fn: Callable[[Any], Any], params: Any, steps: int) -> tuple[Any, list[float]]:
+    """The custom-loop page's hand-written optax L-BFGS loop: `steps` updates of `params` on
+    `value_fn`, reusing the line search's value (`optax.value_and_grad_from_state`). Returns
+    the last parameters and the value at each step's starting point."""
+    opt = optax.lbfgs()
+    value_and_grad = optax.value_and_grad_from_state(value_fn)
+
+    @eqx.filter_jit
+    def step(params, opt_state):
+        value, grad = value_and_grad(params, state=opt_state)
+        updates, opt_state = opt.update(
+            grad, opt_state, params, value=value, grad=grad, value_fn=value_fn
+        )
+        return optax.apply_updates(params, updates), opt_state, value
+
+    opt_state, values = opt.init(params), []
+    for _ in range(steps):
+        params, opt_state, value = step(params, opt_state)
+        values.append(float(value))
+    return params, values

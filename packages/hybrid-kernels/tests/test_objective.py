@@ -16,6 +16,7 @@ from helpers import (
     amplitude_simulate,
     bounded_rate,
     identity_output,
+    lbfgs_loop,
     rate_dataset,
     rate_mask,
     rate_simulate,
@@ -150,20 +151,7 @@ def test_custom_loop_lbfgs_on_build_objective_lands_on_the_truth():
     def value_fn(params):
         return objective(eqx.combine(params, frozen))
 
-    opt = optax.lbfgs()
-    opt_state = opt.init(params)
-    value_and_grad = optax.value_and_grad_from_state(value_fn)
-
-    @eqx.filter_jit
-    def lbfgs_step(params, opt_state):
-        value, grad = value_and_grad(params, state=opt_state)
-        updates, opt_state = opt.update(
-            grad, opt_state, params, value=value, grad=grad, value_fn=value_fn
-        )
-        return optax.apply_updates(params, updates), opt_state, value
-
-    for _ in range(40):
-        params, opt_state, _ = lbfgs_step(params, opt_state)
+    params, _ = lbfgs_loop(value_fn, params, 40)
     (fitted,) = eqx.combine(params, frozen)
     np.testing.assert_allclose(float(fitted.k), 0.7, rtol=1e-6)
     np.testing.assert_allclose(float(fitted.a), 2.0, rtol=1e-6)

@@ -20,9 +20,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
-from helpers import identity_output
+from helpers import identity_output, lbfgs_loop
 
 import hybrid_kernels as hk
 
@@ -165,24 +164,9 @@ def test_for_trials_of_a_throw_false_objective_is_that_objective(dataset):
 def test_a_hand_written_lbfgs_loop_with_for_trials_survives_a_failed_trial(dataset):
     # The custom-loop page's L-BFGS loop, from the start whose first steps are long.
     objective, trials = _objectives(dataset)
-    params = (Forced(jnp.asarray(START), jnp.asarray(0.0)),)
-    opt = optax.lbfgs()
-    opt_state = opt.init(params)
-    value_and_grad = optax.value_and_grad_from_state(trials)
-
-    @eqx.filter_jit
-    def lbfgs_step(params, opt_state):
-        value, grad = value_and_grad(params, state=opt_state)
-        updates, opt_state = opt.update(
-            grad, opt_state, params, value=value, grad=grad, value_fn=trials
-        )
-        return optax.apply_updates(params, updates), opt_state, value
-
     SEEN.clear()
-    values = []
-    for _ in range(LBFGS_STEPS):
-        params, opt_state, value = lbfgs_step(params, opt_state)
-        values.append(float(value))
+    start = (Forced(jnp.asarray(START), jnp.asarray(0.0)),)
+    params, values = lbfgs_loop(trials, start, LBFGS_STEPS)
     assert any(SEEN), "no line-search trial failed: the test no longer provokes one"
     assert np.all(np.isfinite(values)) and values[-1] < 0.01 * values[0]
     assert np.isfinite(float(objective(params)))
