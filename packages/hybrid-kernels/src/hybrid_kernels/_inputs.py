@@ -7,7 +7,9 @@ A lab logs a feed or a set-point as a table of switch times and values.
 which diffrax reads as a jump), pads the knots of a bucket to one length, and stores each row's
 switch times as its jump times. Inside `simulate_fn`, `covariates[name]` is an
 [`hybrid_kernels.InputSignal`][]: call it at `t`. The row's switch times reach the step-size
-controller through `SolverConfig.diffeqsolve` (see [`hybrid_kernels.SolverConfig`][]).
+controller through `SolverConfig.diffeqsolve` (see [`hybrid_kernels.SolverConfig`][]), or
+through `InputSignal.jump_ts` to a `diffrax.diffeqsolve` called directly; a row whose solve
+got neither is refused (`hybrid_kernels._row`).
 
 A table's own times are strictly increasing: a repeated time would give one instant two
 values, and a step is what a `"constant"` table already means. (The repeated knots above are
@@ -31,6 +33,8 @@ import equinox as eqx
 import jax
 import numpy as np
 from jaxtyping import Array, Float
+
+from hybrid_kernels._row import current_row
 
 INPUT_KINDS = ("constant", "linear")
 
@@ -184,12 +188,35 @@ class InputSignal(eqx.Module):
     - `interpolation`: the `diffrax.LinearInterpolation` through the table's knots.
 
     Evaluated right-continuously (`left=False`), so a step has its new value at the switch.
+    `jump_ts` gives the experiment's switch times, for a `simulate_fn` that calls
+    `diffrax.diffeqsolve` itself.
     """
 
     interpolation: diffrax.LinearInterpolation
+    _jump_ts: Float[Array, " J"] | None = None
 
     def __call__(self, t: Any) -> Float[Array, ...]:
         return self.interpolation.evaluate(t, left=False)
+
+    @property
+    def jump_ts(self) -> Float[Array, " J"]:
+        """`[J]`: the times at which any input of this experiment switches (or a ramp bends),
+        padded with `+inf`; the same array on each of its signals. `solver.diffeqsolve`
+        passes them to the step-size controller by itself; a `simulate_fn` that calls
+        `diffrax.diffeqsolve` directly must pass them, or the kernels refuse it:
+
+        ```python
+        controller = diffrax.ClipStepSizeController(
+            diffrax.PIDController(rtol=1e-6, atol=1e-6), jump_ts=covariates["feed"].jump_ts
+        )
+        ```
+
+        A signal built outside the kernels gives its interpolation's knot times.
+        """
+        row = current_row()
+        if row is not None:
+            row.switches_read = True
+        return self.interpolation.ts if self._jump_ts is None else self._jump_ts
 
 
 def stack_inputs(
@@ -202,8 +229,9 @@ def stack_inputs(
     `diffrax.ClipStepSizeController` never reaches.
 
     **Returns:** `({name: (ts [N, L], ys [N, L, ...])}, jump_ts [N, J])`, or `(None, None)`
-    when the experiments have no inputs. Raises `ValueError` naming the experiment (from
-    `exp_ids`) and the input when a time is too large for `dtype` (see the module).
+    when the experiments have no inputs; `jump_ts` is `None` when no input ever switches.
+    Raises `ValueError` naming the experiment (from `exp_ids`) and the input when a time is
+    too large for `dtype` (see the module).
     """
     names = sorted(tables[0])
     if not names:
@@ -226,16 +254,20 @@ def stack_inputs(
             ys[n, kt.size :] = kv[-1]
         inputs[name] = (ts, ys)
     jumps = [np.unique(np.concatenate([t[n].jump_times() for n in names])) for t in tables]
-    J = max(max(j.size for j in jumps), 1)
+    J = max(j.size for j in jumps)
+    if J == 0:  # one value each, never switching: nothing for a controller to step to
+        return inputs, None
     jump_ts = np.full((len(tables), J), np.inf, dtype)
     for n, j in enumerate(jumps):
         jump_ts[n, : j.size] = j
     return inputs, jump_ts
 
 
-def row_signals(inputs: dict[str, tuple[Array, Array]]) -> dict[str, InputSignal]:
-    """One row's `InputSignal`s from its (unbatched) knot arrays."""
+def row_signals(
+    inputs: dict[str, tuple[Array, Array]], jump_ts: Array | None
+) -> dict[str, InputSignal]:
+    """One row's `InputSignal`s from its (unbatched) knot arrays and jump times `[J]`."""
     return {
-        name: InputSignal(diffrax.LinearInterpolation(ts=ts, ys=ys))
+        name: InputSignal(diffrax.LinearInterpolation(ts=ts, ys=ys), jump_ts)
         for name, (ts, ys) in inputs.items()
     }

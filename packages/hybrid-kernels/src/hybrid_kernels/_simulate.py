@@ -13,7 +13,7 @@ from jaxtyping import Array, Float
 
 from hybrid_kernels import _preflight as pf
 from hybrid_kernels._inputs import row_signals
-from hybrid_kernels._solver import row_context
+from hybrid_kernels._row import row_context
 
 
 def _simulate_bucket(predictors, bp, *, simulate_fn, solver) -> Float[Array, "N T S"]:
@@ -25,14 +25,16 @@ def _simulate_with_steps(predictors, bp, *, simulate_fn, solver):
     solver steps (-1 where `simulate_fn` made no `solver.diffeqsolve` call we could read).
 
     Each row's input signals join its covariates, and its jump times and state jumps reach
-    every `solver.diffeqsolve` call it makes (`row_context`).
+    every `solver.diffeqsolve` call it makes (`row_context`); a row whose jumps or switch
+    times no solve received is refused.
     """
 
     def one(ts, covariates, y0, inputs, jump_ts, jumps):
-        covariates = {**covariates, **row_signals(inputs or {})}
+        covariates = {**covariates, **row_signals(inputs or {}, jump_ts)}
         with row_context(jump_ts, jumps) as row:
             out = simulate_fn(predictors, ts, covariates, y0, solver)
-        row.check_jumps_applied()
+        row.check_jumps_applied(pf.bucket_name(bp))
+        row.check_switches_reached(pf.bucket_name(bp), sorted(inputs or {}))
         pf.check_simulate_out(out, bp)
         return out, _row_steps(row, ts)
 

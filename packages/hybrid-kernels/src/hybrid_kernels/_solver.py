@@ -22,10 +22,7 @@ trainable scalars when a kernel is traced (`hybrid_kernels._sensitivity`).
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
-from collections.abc import Iterator
 from typing import Any, Literal
 
 import diffrax
@@ -35,6 +32,7 @@ import numpy as np
 
 from hybrid_kernels._inputs import unusable_times
 from hybrid_kernels._jumps import solve_with_jumps
+from hybrid_kernels._row import current_row
 
 SOLVER_REGISTRY: dict[str, type] = {
     "Tsit5": diffrax.Tsit5,
@@ -236,7 +234,7 @@ class SolverConfig(eqx.Module):
         not `diffrax.diffeqsolve`. Inside the kernels, the solution's accepted and rejected
         step counts are also recorded for the training display (no extra solve).
         """
-        row = _ROW.get()
+        row = current_row()
         if row is not None and row.jump_ts is not None:
             jump_ts = row.jump_ts if jump_ts is None else jnp.concatenate([row.jump_ts, jump_ts])
         if jump_ts is None and self.jump_ts:
@@ -318,40 +316,3 @@ class SolverConfig(eqx.Module):
             dt0=d["dt0"],
             **kwargs,
         )
-
-
-class _Row:
-    """What the kernels know about the experiment being traced: its jump times, its state
-    jumps (`JumpArrays` of one row, or `None`), whether a solve applied them, and a tape for
-    the `stats` of the solves made for it."""
-
-    def __init__(self, jump_ts: Any, jumps: Any = None) -> None:
-        self.jump_ts = jump_ts
-        self.jumps = jumps
-        self.jumps_applied = False
-        self.stats: list[dict[str, Any]] = []
-
-    def check_jumps_applied(self) -> None:
-        """After `simulate_fn`: refuse a row whose jumps no solve applied (never silently)."""
-        if self.jumps is not None and not self.jumps_applied:
-            raise ValueError(
-                "simulate_fn never called `solver.diffeqsolve`, but this bucket's experiments "
-                "have state jumps (make_experiment(jumps=...)), which only "
-                "`solver.diffeqsolve` applies; they would be ignored. Solve with "
-                "`solver.diffeqsolve(term, ts, y0, args)` instead of `diffrax.diffeqsolve`."
-            )
-
-
-_ROW: contextvars.ContextVar[_Row | None] = contextvars.ContextVar("hk_row", default=None)
-
-
-@contextlib.contextmanager
-def row_context(jump_ts: Any, jumps: Any = None) -> Iterator[_Row]:
-    """While tracing one experiment's `simulate_fn`: hand its jump times and state jumps to
-    every `SolverConfig.diffeqsolve` call and collect their step counts."""
-    row = _Row(jump_ts, jumps)
-    token = _ROW.set(row)
-    try:
-        yield row
-    finally:
-        _ROW.reset(token)
