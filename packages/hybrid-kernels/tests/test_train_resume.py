@@ -103,6 +103,28 @@ def test_resume_from_a_phase_boundary_is_bit_identical(oscillator, clean, refere
     assert_same_run(train(oscillator, clean, config), reference)
 
 
+def test_a_run_resumed_inside_an_lbfgs_phase_is_bit_identical(oscillator, clean, tmp_path):
+    # The field's recipe, Adam then L-BFGS, stopped three steps into L-BFGS: the checkpoint
+    # holds its curvature memory and the line search's value and gradient, which the next
+    # step reads instead of solving again.
+    phases = dict(steps=(4, 8), lr=(0.05, 1.0), optimizer=("adam", "lbfgs"))
+    uninterrupted = train(oscillator, clean, quiet(**phases))
+    path = tmp_path / "lbfgs.state"
+
+    def stop(step, predictors, opt_state):
+        if step == 9:
+            raise Stop
+
+    config = quiet(checkpoint_path=path, checkpoint_every=3, **phases)
+    with pytest.raises(Stop):
+        train(oscillator, clean, config, hooks=stop)
+    meta = hk.read_training_state_metadata(path)
+    assert (meta["step"], meta["phase"], meta["phase_step"]) == (6, 1, 2)
+    resumed = train(oscillator, clean, config)
+    assert_same_run(resumed, uninterrupted)
+    assert uninterrupted[0][-1] < 1e-6 * uninterrupted[0][4]  # L-BFGS did the work
+
+
 def test_finished_run_is_saved_and_resuming_it_trains_nothing(oscillator, clean, tmp_path):
     path = tmp_path / "done.state"
     config = quiet(steps=(5,), checkpoint_path=path)
