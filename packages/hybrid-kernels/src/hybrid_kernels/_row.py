@@ -47,8 +47,7 @@ class Row:
         the solve is then wrong by more than its tolerances, with nothing to say so."""
         if self.jump_ts is None or self.stats or self.switches_read:
             return
-        names = ", ".join(repr(name) for name in inputs)
-        first = repr(inputs[0]) if inputs else "'feed'"
+        names = ", ".join(repr(name) for name in inputs)  # a row with switches has inputs
         raise ValueError(
             f"simulate_fn solved without `solver.diffeqsolve`, but the experiments of {bucket} "
             f"have inputs that change in time ({names}) and their switch times never reached "
@@ -56,7 +55,7 @@ class Row:
             "pulse, and the solve would be wrong without any error. Solve with "
             "`solver.diffeqsolve(term, ts, y0, args)`, which adds them, or give them to "
             "`diffrax.diffeqsolve` yourself: `stepsize_controller=diffrax."
-            f"ClipStepSizeController(controller, jump_ts=covariates[{first}].jump_ts)`."
+            f"ClipStepSizeController(controller, jump_ts=covariates[{inputs[0]!r}].jump_ts)`."
         )
 
 
