@@ -88,18 +88,23 @@ def test_killed_run_resumed_in_another_process_is_bit_identical(
     assert [e["step"] for e in ui.of("on_step_end")] == [6, 7, 8, 9]  # only the rest ran
 
 
-def test_resume_from_a_phase_boundary_is_bit_identical(oscillator, clean, reference, tmp_path):
-    path = tmp_path / "boundary.state"
+def stopped_at(at, oscillator, clean, config):
+    """Train with `config` until step `at` stops the run (no final save); return the saved
+    checkpoint's `(step, phase, phase_step)`, read by the public reader."""
 
     def stop(step, predictors, opt_state):
-        if step == 5:
+        if step == at:
             raise Stop
 
-    config = quiet(checkpoint_path=path, checkpoint_every=4, **PHASES)
     with pytest.raises(Stop):
         train(oscillator, clean, config, hooks=stop)
-    meta = hk.read_training_state_metadata(path)  # the public reader, on a real checkpoint
-    assert (meta["step"], meta["phase"], meta["phase_step"]) == (4, 1, 0)
+    meta = hk.read_training_state_metadata(config.checkpoint_path)
+    return meta["step"], meta["phase"], meta["phase_step"]
+
+
+def test_resume_from_a_phase_boundary_is_bit_identical(oscillator, clean, reference, tmp_path):
+    config = quiet(checkpoint_path=tmp_path / "boundary.state", checkpoint_every=4, **PHASES)
+    assert stopped_at(5, oscillator, clean, config) == (4, 1, 0)
     assert_same_run(train(oscillator, clean, config), reference)
 
 
@@ -109,17 +114,8 @@ def test_a_run_resumed_inside_an_lbfgs_phase_is_bit_identical(oscillator, clean,
     # step reads instead of solving again.
     phases = dict(steps=(4, 8), lr=(0.05, 1.0), optimizer=("adam", "lbfgs"))
     uninterrupted = train(oscillator, clean, quiet(**phases))
-    path = tmp_path / "lbfgs.state"
-
-    def stop(step, predictors, opt_state):
-        if step == 9:
-            raise Stop
-
-    config = quiet(checkpoint_path=path, checkpoint_every=3, **phases)
-    with pytest.raises(Stop):
-        train(oscillator, clean, config, hooks=stop)
-    meta = hk.read_training_state_metadata(path)
-    assert (meta["step"], meta["phase"], meta["phase_step"]) == (6, 1, 2)
+    config = quiet(checkpoint_path=tmp_path / "lbfgs.state", checkpoint_every=3, **phases)
+    assert stopped_at(9, oscillator, clean, config) == (6, 1, 2)
     resumed = train(oscillator, clean, config)
     assert_same_run(resumed, uninterrupted)
     assert uninterrupted[0][-1] < 1e-6 * uninterrupted[0][4]  # L-BFGS did the work
