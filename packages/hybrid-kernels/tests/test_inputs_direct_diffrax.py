@@ -129,6 +129,15 @@ def test_without_the_switch_times_a_direct_solve_steps_over_the_pulse():
     assert abs(float(ys[-1, 0]) - exact(TS, *PULSE)[-1]) > 0.5
 
 
+def test_a_simulate_fn_that_solves_no_ode_says_so_by_reading_jump_ts(pulsed):
+    def direct_response(predictors, ts, covariates, y0, solver):
+        _ = covariates["feed"].jump_ts  # no solve here: nothing to step to
+        return jax.vmap(covariates["feed"])(ts)[:, None]
+
+    want = np.where((TS >= 1.3) & (TS < 1.4), 20.0, 0.0)
+    np.testing.assert_array_equal(_predict(direct_response, pulsed), want)
+
+
 def test_jump_ts_are_the_switch_times_of_every_input_padded_with_inf():
     jax.config.update("jax_enable_x64", True)
     step, ramp = hk.piecewise_constant, hk.piecewise_linear

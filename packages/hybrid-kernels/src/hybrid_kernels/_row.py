@@ -49,13 +49,14 @@ class Row:
             return
         names = ", ".join(repr(name) for name in inputs)  # a row with switches has inputs
         raise ValueError(
-            f"simulate_fn solved without `solver.diffeqsolve`, but the experiments of {bucket} "
-            f"have inputs that change in time ({names}) and their switch times never reached "
-            "the step-size controller: a step could cross a switch, or step over a short "
-            "pulse, and the solve would be wrong without any error. Solve with "
-            "`solver.diffeqsolve(term, ts, y0, args)`, which adds them, or give them to "
-            "`diffrax.diffeqsolve` yourself: `stepsize_controller=diffrax."
-            f"ClipStepSizeController(controller, jump_ts=covariates[{inputs[0]!r}].jump_ts)`."
+            f"simulate_fn made no `solver.diffeqsolve` call and never read `jump_ts`, but the "
+            f"experiments of {bucket} have inputs that change in time ({names}): a "
+            "`diffrax.diffeqsolve` that is not given their switch times can step across a "
+            "switch, or over a short pulse, and be wrong without any error. Solve with "
+            "`solver.diffeqsolve(term, ts, y0, args)`, which adds them, or give them to your "
+            "own solve: `stepsize_controller=diffrax.ClipStepSizeController(controller, "
+            f"jump_ts=covariates[{inputs[0]!r}].jump_ts)`. (A simulate_fn that solves no "
+            "differential equation can read `jump_ts` to say so.)"
         )
 
 
