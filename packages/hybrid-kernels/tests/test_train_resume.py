@@ -109,9 +109,9 @@ def test_resume_from_a_phase_boundary_is_bit_identical(oscillator, clean, refere
 
 
 def test_a_run_resumed_inside_an_lbfgs_phase_is_bit_identical(oscillator, clean, tmp_path):
-    # The field's recipe, Adam then L-BFGS, stopped three steps into L-BFGS: the checkpoint
-    # holds its curvature memory and the line search's value and gradient, which the next
-    # step reads instead of solving again.
+    # The field's recipe, Adam then L-BFGS, resumed from a checkpoint two steps into L-BFGS:
+    # it holds the curvature memory and the line search's state. The resumed run's first
+    # step solves afresh where the uninterrupted one read the line search's value.
     phases = dict(steps=(4, 8), lr=(0.05, 1.0), optimizer=("adam", "lbfgs"))
     uninterrupted = train(oscillator, clean, quiet(**phases))
     config = quiet(checkpoint_path=tmp_path / "lbfgs.state", checkpoint_every=3, **phases)
