@@ -33,8 +33,9 @@ def _simulate_with_steps(predictors, bp, *, simulate_fn, solver):
         covariates = {**covariates, **row_signals(inputs or {}, jump_ts)}
         with row_context(jump_ts, jumps) as row:
             out = simulate_fn(predictors, ts, covariates, y0, solver)
-        row.check_jumps_applied(pf.bucket_name(bp))
-        row.check_switches_reached(pf.bucket_name(bp), sorted(inputs or {}))
+        bucket = pf.bucket_name(bp)
+        row.check_jumps_applied(bucket)
+        row.check_switches_reached(bucket, sorted(inputs or {}))
         pf.check_simulate_out(out, bp)
         return out, _row_steps(row, ts)
 
