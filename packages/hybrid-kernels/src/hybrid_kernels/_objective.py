@@ -59,6 +59,8 @@ class Objective(eqx.Module):
     trainable: Any
     body: _Objective = eqx.field(static=True)
     penalty_fn: Callable[..., Any] | None = eqx.field(static=True)
+    # Set by `_trials_on`: the value is NaN where any row still scored fails.
+    _strict: bool = eqx.field(static=True, default=False)
 
     def __call__(self, predictors: Any) -> Float[Array, ""]:
         return _call(self, predictors)
@@ -69,12 +71,30 @@ class Objective(eqx.Module):
         `diffrax.diffeqsolve` that `simulate_fn` calls itself) makes the value NaN instead of
         raising inside the optimiser's update; optax's line searches treat NaN as outside the
         domain and shrink the step. Where every solve succeeds the value and gradient are
-        this objective's. Under `throw=False` it is this objective.
+        this objective's. Under `throw=False` it is this objective; the trainer's line searches
+        under `throw=False` also leave out of each trial the experiments its step did not
+        solve, and score NaN where another fails.
 
         Keep the objective itself for the parameters a run holds, where a failed solve must
         raise; the trainer passes `for_trials()` to its line searches.
         """
         return dataclasses.replace(self, body=trial_body(self.body))
+
+    def _trials_on(self, failed: tuple[Array, ...]) -> Objective:
+        """The objective a line search's trials see in a `throw=False` step whose rows
+        `failed` (one `[N]` bool array per bucket) did not solve at the point it starts from:
+        those rows left out, as the step's own value leaves them out, and the value NaN where
+        any other real row fails. Scored as a step is instead, a trial at which an experiment
+        fails drops that experiment's loss, so the search would take a step into the region
+        where the experiment fails as a descent (measured: L-BFGS settled there, its best
+        loss 1.7e-7 on the two experiments left against 0.0019 for all three)."""
+        payloads = []
+        for bp, f in zip(self.payloads, failed, strict=True):
+            mask = bp.mask & ~f[:, None, None]
+            weights = jnp.where(f, jnp.zeros_like(bp.row_weights), bp.row_weights)
+            n_obs = mask.sum().astype(bp.n_obs.dtype)
+            payloads.append(bp._replace(mask=mask, row_weights=weights, n_obs=n_obs))
+        return dataclasses.replace(self, payloads=tuple(payloads), _strict=True)
 
 
 def _mask(objective: Objective, predictors: Any) -> Any:
@@ -109,9 +129,10 @@ def trial_body(body: _Objective) -> _Objective:
 
 def _measured(total: Array, failed: list[Array], objective: Objective) -> Array:
     """`total`, or NaN where it measured nothing: every experiment failed (`throw=False`, as in
-    the trainer), or, for a trial body (`trial_body`), any experiment did (`throw=True`)."""
+    the trainer), or, for a trial body (`trial_body`, `Objective._trials_on`), any real row
+    did."""
     total = jnp.where(_any_solved(failed, objective.payloads), total, jnp.nan)
-    if is_quiet(objective.body.solver):
+    if is_quiet(objective.body.solver) or objective._strict:
         real = [f & (bp.row_weights > 0) for f, bp in zip(failed, objective.payloads, strict=True)]
         total = jnp.where(jnp.any(jnp.stack([r.any() for r in real])), jnp.nan, total)
     return total

@@ -188,6 +188,8 @@ def step_tail(
         updated, new_state = apply_update(carry.predictors, combined, carry.opt_state)
     else:  # a line search: it is given the objective this step descends, and its value
         value = loss + objective.penalty_weight.astype(loss.dtype) * penalty
+        if not objective.body.solver.throw:  # trials scored on the rows this step solved
+            objective = objective._trials_on(failed)
         updated, new_state = apply_update(
             carry.predictors, combined, carry.opt_state, value=value, value_fn=objective
         )
