@@ -30,7 +30,6 @@ from hybrid_kernels._training._setup import (
     replicate,
 )
 from hybrid_kernels._training._step import (
-    NONE_FAILED_YET,
     Carry,
     forget_best,
     improve_jit,
@@ -183,18 +182,7 @@ def _resume(setup: Setup, st: LoopState, saved: TrainingState) -> None:
         best_loss=jnp.asarray(saved.best_loss, dtype=default_float()),
         best_step=jnp.asarray(saved.best_step, dtype=jnp.int32),
         since_best=jnp.asarray(saved.since_best, dtype=jnp.int32),
-        best_failed=jnp.asarray(_best_failed(setup, saved), dtype=jnp.int32),
     )
-
-
-def _best_failed(setup: Setup, saved: TrainingState) -> int:
-    """`Carry.best_failed` of a saved run, from its history: the experiments that failed at
-    its best step (none for a validation score, which `improve` is given as solving all)."""
-    if saved.best_step < 0:
-        return int(NONE_FAILED_YET)
-    if not setup.best_on_loss:
-        return 0
-    return len(saved.failed.get(saved.best_step, ()))
 
 
 def _begin_phase(setup: Setup, st: LoopState, p: int) -> None:

@@ -15,7 +15,6 @@ import jax
 
 from hybrid_kernels._training._fused import FlatCarry, as_carry, take_whole_step
 from hybrid_kernels._training._tail import (  # noqa: F401  (the step's state, re-exported)
-    NONE_FAILED_YET,
     Carry,
     any_solved,
     forget_best,

@@ -26,8 +26,6 @@ class Carry(eqx.Module):
     - `predictors`, `opt_state`: the parameters the next update starts from, and its state.
     - `best_predictors`, `best_loss`, `best_step`: the best snapshot so far and its score
         (`inf` and `-1` while there is none).
-    - `best_failed`: the experiments whose solve failed at the best snapshot
-        (`SolverConfig(throw=False)`; the int32 maximum while there is none).
     - `since_best`: steps (validations, when the validation score is monitored) without a
         new best.
     - `step`: steps taken so far, over all phases.
@@ -40,7 +38,6 @@ class Carry(eqx.Module):
     best_step: jax.Array
     since_best: jax.Array
     step: jax.Array
-    best_failed: jax.Array
 
 
 def new_carry(predictors: Any, opt_state: Any, step: int = 0) -> Carry:
@@ -53,7 +50,6 @@ def new_carry(predictors: Any, opt_state: Any, step: int = 0) -> Carry:
         best_step=jnp.asarray(-1, dtype=jnp.int32),
         since_best=jnp.asarray(0, dtype=jnp.int32),
         step=jnp.asarray(step, dtype=jnp.int32),
-        best_failed=jnp.asarray(NONE_FAILED_YET, dtype=jnp.int32),
     )
 
 
@@ -64,30 +60,19 @@ def forget_best(carry: Carry) -> Carry:
         best_predictors=carry.predictors,
         best_loss=jnp.full_like(carry.best_loss, jnp.inf),
         best_step=jnp.full_like(carry.best_step, -1),
-        best_failed=jnp.full_like(carry.best_failed, NONE_FAILED_YET),
     )
 
 
-# `Carry.best_failed` before any snapshot: more than any step can fail.
-NONE_FAILED_YET = jnp.iinfo(jnp.int32).max
-
-
-def improve(carry: Carry, candidate: Any, score: jax.Array, ok: Any, failed: Any = 0) -> Carry:
-    """The one best-step rule: `candidate`, scored `score` at `carry.step` with `failed`
-    experiments whose solve failed (`throw=False`), becomes the best snapshot when `ok` and
-    better: fewer failed experiments, or as many and a strictly lower score; otherwise one more
-    step without a new best. A score that left an experiment out is not comparable with one
-    that scored it (without the experiment's loss it is lower), so solving more comes first."""
-    failed = jnp.asarray(failed, jnp.int32)
-    tie = failed == carry.best_failed
-    improved = ok & ((failed < carry.best_failed) | (tie & (score < carry.best_loss)))
+def improve(carry: Carry, candidate: Any, score: jax.Array, ok: Any) -> Carry:
+    """The one best-step rule: `candidate`, scored `score` at `carry.step`, becomes the best
+    snapshot when `ok` and strictly better; otherwise one more step without a new best."""
+    improved = ok & (score < carry.best_loss)
     return dataclasses.replace(
         carry,
         best_predictors=_snapshot(improved, candidate, carry.best_predictors),
         best_loss=jnp.where(improved, score.astype(carry.best_loss.dtype), carry.best_loss),
         best_step=jnp.where(improved, carry.step, carry.best_step),
         since_best=jnp.where(improved, 0, carry.since_best + 1),
-        best_failed=jnp.where(improved, failed, carry.best_failed),
     )
 
 
@@ -171,12 +156,6 @@ def any_solved(failed: tuple[jax.Array, ...], row_weights: tuple[jax.Array, ...]
     return jnp.any(jnp.stack(ok))
 
 
-def count_failed(failed: tuple[jax.Array, ...], row_weights: tuple[jax.Array, ...]) -> jax.Array:
-    """The real (non-padding) rows of every bucket flagged in `failed`, as an int32 scalar."""
-    n = [(f & (w > 0)).sum(dtype=jnp.int32) for f, w in zip(failed, row_weights, strict=True)]
-    return sum(n[1:], n[0])
-
-
 def step_tail(
     apply_update,
     carry,
@@ -219,7 +198,7 @@ def step_tail(
     broke = finite & _made_nonfinite(carry.predictors, updated, combined)
     if best:
         # The best snapshot is the pre-update parameters: `loss` was measured there.
-        carry = improve(carry, carry.predictors, loss, finite, count_failed(failed, row_weights))
+        carry = improve(carry, carry.predictors, loss, finite)
     # A non-finite step is not applied: parameters and optimiser state stay as they were.
     applied = finite & ~broke.any()
     carry = dataclasses.replace(
@@ -249,7 +228,7 @@ def quiet_tail(apply_update, carry, loss, grads, failed, row_weights, steps, wei
     updated, new_state = apply_update(carry.predictors, combined, carry.opt_state)
     ok = _nothing_broke(loss, combined, carry.predictors, updated)
     if best:
-        carry = improve(carry, carry.predictors, loss, ok, count_failed((failed,), (row_weights,)))
+        carry = improve(carry, carry.predictors, loss, ok)
     carry = dataclasses.replace(carry, predictors=updated, opt_state=new_state, step=carry.step + 1)
     stats = jnp.stack([loss, jnp.zeros_like(loss), ok, carry.since_best], dtype=loss.dtype)
     return carry, ((stats, failed), _solver_effort((steps,), (row_weights,)))

@@ -170,8 +170,7 @@ class OptaxTrainingConfig:
         without a new best; 0 switches early stopping off. The counter restarts every phase.
     - `restore_best`: return the parameters of the best step rather than the last ones. The
         running minimum restarts whenever the length fraction changes, because losses over
-        different horizons are not comparable. Under `SolverConfig(throw=False)` the best
-        step is the one with the fewest failed experiments, then the lowest loss.
+        different horizons are not comparable.
     - `monitor`: `"train"` tracks the best step on the training loss, `"val"` on the
         validation score (needs `val_dataset`).
     - `val_every`: score `val_dataset` every this many steps.

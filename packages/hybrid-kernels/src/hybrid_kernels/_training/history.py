@@ -25,8 +25,7 @@ class LossHistory(list):
         whose scored predictions were not finite (the step was then skipped); steps without a
         failure are absent. `failed.get(best_step, ())` names the experiments the best
         snapshot does not solve.
-    - `best_step`: the step whose pre-update parameters are the best snapshot (-1: none):
-        the lowest loss among the steps with the fewest failed experiments.
+    - `best_step`: the step whose pre-update parameters are the best snapshot (-1: none).
     - `best_loss`: the loss (or validation score) of that snapshot.
     - `events`: what the `between_steps` hook reported (see
         [`BetweenStepsHook`][hybrid_kernels.BetweenStepsHook]), as JSON-ready dicts, each
