@@ -4,10 +4,10 @@
 made with θ = 2.3 and a long one (t to 20) with θ = 1.5, whose solve runs out of steps above
 θ ≈ 2.05. The fit of all three lies at θ ≈ 2.2, where the long rig fails. Scored as a step is
 (failed rows masked out), a trial there leaves the long rig's loss out and looks like a
-descent: L-BFGS settled at θ = 2.3 with a best loss of 1.7e-7 on the two short rigs, the long
-rig failing at every step after. Scored on the rows its step solved, such a trial is NaN, as
-under `throw=True`, and the run keeps every experiment it started with.
-"""
+descent: Adam then L-BFGS settled at θ = 2.3 with a best loss of 1.7e-7 on the two short
+rigs, and L-BFGS alone (run here) lost the long rig from its step 8 on. Scored on the rows its
+step solved, such a trial is NaN, as under `throw=True`, and the run keeps every experiment
+it started with, stopping at the edge of the region where the long rig fails."""
 
 import dataclasses
 
