@@ -56,6 +56,21 @@ class Omega(eqx.Module):
         return self.omega
 
 
+class Forced(eqx.Module):
+    """`y' = -e^θ y + a sin t`: a decay whose solve needs more steps the larger `θ` is."""
+
+    theta: Any
+    a: Any
+
+    def field(self):
+        return lambda t, y, args: -jnp.exp(self.theta) * y + self.a * jnp.sin(t)
+
+
+def forced_simulate(predictors, ts, covariates, y0, solver):
+    (m,) = predictors
+    return solver.diffeqsolve(diffrax.ODETerm(m.field()), ts, y0).ys
+
+
 def decay_simulate(predictors, ts, covariates, y0, solver):
     (rate,) = predictors
 

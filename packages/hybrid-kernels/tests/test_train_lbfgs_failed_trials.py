@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import identity_output, lbfgs_loop
+from helpers import Forced, forced_simulate, identity_output, lbfgs_loop
 
 import hybrid_kernels as hk
 
@@ -30,15 +30,6 @@ MAX_STEPS = 90  # the data's θ = 2 needs about 70 steps, θ = 2.6 about 100
 ADAM_STEPS, LBFGS_STEPS = 30, 8
 START = -3.0  # a slow decay: the first quasi-Newton steps are long
 SOLVER = hk.SolverConfig(diffrax.Tsit5(), rtol=1e-6, atol=1e-8, max_steps=MAX_STEPS, dt0=None)
-
-
-class Forced(eqx.Module):
-    theta: jax.Array
-    a: jax.Array
-
-
-def _field(m):
-    return lambda t, y, args: -jnp.exp(m.theta) * y + m.a * jnp.sin(t)
 
 
 SEEN: list[bool] = []
@@ -52,16 +43,14 @@ def _failed_trials(ys):
 
 
 def library_simulate(predictors, ts, covariates, y0, solver):
-    (m,) = predictors
-    ys = solver.diffeqsolve(diffrax.ODETerm(_field(m)), ts, y0).ys
-    return _failed_trials(ys)
+    return _failed_trials(forced_simulate(predictors, ts, covariates, y0, solver))
 
 
 def plain_simulate(predictors, ts, covariates, y0, solver):
     """diffrax called directly, `throw=True` by its own default."""
     (m,) = predictors
     ys = diffrax.diffeqsolve(
-        diffrax.ODETerm(_field(m)),
+        diffrax.ODETerm(m.field()),
         diffrax.Tsit5(),
         ts[0],
         ts[-1],

@@ -12,12 +12,11 @@ it started with, stopping at the edge of the region where the long rig fails."""
 import dataclasses
 
 import diffrax
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import identity_output
+from helpers import Forced, forced_simulate, identity_output
 
 import hybrid_kernels as hk
 
@@ -28,19 +27,8 @@ RIGS = [(2.3, 5.0, 0.5), (2.3, 5.0, 1.2), (1.5, 20.0, 2.0)]  # (θ, last time, y
 LBFGS_STEPS = 12
 
 
-class Forced(eqx.Module):
-    theta: jax.Array
-    a: jax.Array
-
-
 def at(theta, a=1.0):
     return (Forced(jnp.asarray(theta), jnp.asarray(a)),)
-
-
-def simulate(predictors, ts, covariates, y0, solver):
-    (m,) = predictors
-    field = lambda t, y, args: -jnp.exp(m.theta) * y + m.a * jnp.sin(t)  # noqa: E731
-    return solver.diffeqsolve(diffrax.ODETerm(field), ts, y0).ys
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +38,9 @@ def dataset():
     exps = []
     for i, (theta, last, y0) in enumerate(RIGS):
         ts = np.concatenate([[0.0], np.sort(rng.uniform(0.0, last, 12))])
-        ys = np.asarray(simulate(at(theta), jnp.asarray(ts), {}, jnp.asarray([y0]), unbounded))
+        ys = np.asarray(
+            forced_simulate(at(theta), jnp.asarray(ts), {}, jnp.asarray([y0]), unbounded)
+        )
         exps.append(
             hk.make_experiment(
                 covariates={},
@@ -65,7 +55,7 @@ def dataset():
 @pytest.fixture(scope="module")
 def objective(dataset):
     return hk.build_objective(
-        dataset, simulate_fn=simulate, state_to_output=identity_output, solver=SOLVER
+        dataset, simulate_fn=forced_simulate, state_to_output=identity_output, solver=SOLVER
     )
 
 
@@ -78,7 +68,7 @@ def lbfgs_run(dataset):
         at(-3.0, 0.0),
         dataset,
         config,
-        simulate_fn=simulate,
+        simulate_fn=forced_simulate,
         state_to_output=identity_output,
         solver=SOLVER,
         key=jax.random.key(0),
