@@ -60,8 +60,17 @@ def apply_length_mask(bp: BucketPayload, length_mask_fraction: Array) -> BucketP
     **Returns:** the bucket with `mask` and `n_obs` narrowed.
     """
     keep = scored_rows(bp.row_lengths, bp.ts.shape[1], length_mask_fraction)  # [N, T]
-    mask = bp.mask & keep[:, :, None]
+    return with_mask(bp, bp.mask & keep[:, :, None])
+
+
+def with_mask(bp: BucketPayload, mask: Array) -> BucketPayload:
+    """`bp` scoring only the cells of `mask` `[N, T, D]`, its `n_obs` counted from them."""
     return bp._replace(mask=mask, n_obs=mask.sum().astype(bp.n_obs.dtype))
+
+
+def without_rows(bp: BucketPayload, rows: Array) -> BucketPayload:
+    """`bp` with the rows flagged in `rows` `[N]` (bool) masked out of its loss."""
+    return with_mask(bp, bp.mask & ~rows[:, None, None])
 
 
 def _project(full, bp, state_to_output):
@@ -165,9 +174,7 @@ class _Objective(eqx.Module):
             full, steps = simulate(predictors, bp)
             failed = ~jnp.all(jnp.isfinite(full), axis=(1, 2))
         full = jnp.where(failed[:, None, None], jnp.zeros_like(full), full)
-        mask = bp.mask & ~failed[:, None, None]
-        bp = bp._replace(mask=mask, n_obs=mask.sum().astype(bp.n_obs.dtype))
-        return full, failed, bp, steps
+        return full, failed, without_rows(bp, failed), steps
 
 
 # The bodies. Module-level and jitted with the objective bound (`_flat_jit.entry`), so the

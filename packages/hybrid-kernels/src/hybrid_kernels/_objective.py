@@ -33,6 +33,7 @@ from hybrid_kernels._kernels import (
     _penalty_step,
     _score_bucket,
     build_bucket_step,
+    without_rows,
 )
 from hybrid_kernels._losses import resolve_loss_fn
 from hybrid_kernels._penalties import bound_penalty
@@ -89,13 +90,12 @@ class Objective(eqx.Module):
         where the experiment fails as a descent (measured, `test_train_lbfgs_throw_false.py`'s
         problem: Adam then L-BFGS settled there, its best loss 1.7e-7 on the two rigs left,
         where the best fit of all three rigs has 0.0019)."""
-        payloads = []
-        for bp, f in zip(self.payloads, failed, strict=True):
-            mask = bp.mask & ~f[:, None, None]
-            weights = jnp.where(f, jnp.zeros_like(bp.row_weights), bp.row_weights)
-            n_obs = mask.sum().astype(bp.n_obs.dtype)
-            payloads.append(bp._replace(mask=mask, row_weights=weights, n_obs=n_obs))
-        return dataclasses.replace(self, payloads=tuple(payloads), _strict=True)
+        # A zero row weight also keeps a left-out row's failure out of `_measured`.
+        payloads = tuple(
+            without_rows(bp, f)._replace(row_weights=jnp.where(f, 0, bp.row_weights))
+            for bp, f in zip(self.payloads, failed, strict=True)
+        )
+        return dataclasses.replace(self, payloads=payloads, _strict=True)
 
 
 def _mask(objective: Objective, predictors: Any) -> Any:
