@@ -124,7 +124,10 @@ def cases(draw):
             arg = draw(st.sampled_from(CHANNEL_ARGS))
             table = {"ts": BAD_TS, "values": BAD_VALUES, "variance": BAD_VARIANCE}[arg]
             kind = draw(st.sampled_from(sorted(table)))
-            ch[arg] = table[kind](np.atleast_1d(np.asarray(ch[arg], dtype=float)))
+            valid = np.atleast_1d(np.asarray(ch[arg], dtype=float))
+            if arg == "variance":  # one per value: a scalar's "shape" of 2 fits 2 values
+                valid = np.broadcast_to(valid, np.shape(ch["values"])).copy()
+            ch[arg] = table[kind](valid)
             corrupted.append((f"`{arg}`",) + (("`values`",) if arg == "ts" else ()))
         elif where == "covariate":
             if not e["covariates"]:
