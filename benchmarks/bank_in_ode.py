@@ -16,7 +16,9 @@ atol 1e-10), trained through `hybrid_kernels.train_with_optax` (one phase of Ada
 - `bank+moments`: the same bank after a truncated-moment commit (the two closest atoms to one
   order-3 moment slot), made before training;
 - `bank+moments/unbounded`: the same, the bank built with `max_pairs=None`: what a default
-  bank holds after `TransitionHook.growing` merged two atoms (its default `merge_into`).
+  bank holds after `TransitionHook.growing` merged two atoms (its default `merge_into`);
+- `bank/no-pairs`, `bank+moments/no-pairs`: `bank` and `bank+moments` built with
+  `max_pairs=0`, a bank that holds no pair and so compiles no pair code.
 
 Every run is a fresh Python process (nothing shared: compile caches, imports), the variants
 alternated run by run so that load drift hits all alike. The data are computed once by the
@@ -53,6 +55,8 @@ VARIANTS = (
     "bank+moments",
     "bank+pair/unbounded",
     "bank+moments/unbounded",
+    "bank/no-pairs",
+    "bank+moments/no-pairs",
 )
 LR = 0.02
 
@@ -108,7 +112,7 @@ def _worker(variant: str, data: str, steps: int) -> dict:
             return solver.diffeqsolve(diffrax.ODETerm(vector_field), ts, y0).ys
 
     else:
-        max_pairs = None if variant.endswith("/unbounded") else 1
+        max_pairs = {"unbounded": None, "no-pairs": 0}.get(variant.partition("/")[2], 1)
         start = P.initial_bank(jnp.float64, max_pairs=max_pairs)
         bank = _committed(variant, start, domain, cb, cbo, optax)
         predictors, simulate = (bank,), P.simulate
@@ -137,7 +141,7 @@ def _committed(variant, bank, domain, cb, cbo, optax):
     """The example's bank, after the variant's commit (made as a trainer's hook makes it)."""
     import numpy as np
 
-    if variant == "bank":
+    if variant.partition("/")[0] == "bank":
         return bank
     import hybrid_problem as P
 

@@ -55,7 +55,7 @@ class ConfluentPackBank:
     `direction_bias` (all `(P,)`, float), `moment_coefficients` (`(P, max_order + 1)`, float),
     `orders`, `ages`, `modes`, `slot_ids` (`(P,)`, int), `active` (`(P,)`, bool),
     `transition_version` (`()`, int), `max_order` (int), `base` (`"sigmoid"` or `"tanh"`),
-    `max_pairs` (int `1..P`, the most centred pairs active at once, or `None`: any number).
+    `max_pairs` (int `0..P`, the most centred pairs active at once, or `None`: any number).
     """
 
     centers: Array
@@ -290,20 +290,24 @@ def init_confluent_bank(
     - `base`: `"sigmoid"` or `"tanh"`.
     - `dtype`: real floating dtype of the trainable blocks; `None` gives JAX's default float
       (float64 with x64 enabled). Metadata uses JAX's default integer.
-    - `max_pairs`: the most centred pairs the bank holds at once, `1 ≤ max_pairs ≤ max_packs`;
+    - `max_pairs`: the most centred pairs the bank holds at once, `0 ≤ max_pairs ≤ max_packs`;
       `None` (default): any number. The pair formulas are evaluated on this many slots only
       (the active pairs, gathered), so a bank that holds one pair at a time is best built with
       `max_pairs=1`: with `None` every slot pays for the pair formulas while any pair is
       active (inside an ODE, one pair in 8 slots made the step 1.30–1.99× a small MLP's, and
       0.86–1.28× with `max_pairs=1`; `benchmarks/bank_in_ode.py`, values bit for bit the
-      same). A commit that would make more pairs active is refused
-      (`ValueError`) and `detect_transitions` proposes no merge while the bank is full. Static,
-      like `max_order`: kernels compile once per value. A bound is written into the bank's
-      portable snapshot, so only a bank built without one has the spec's snapshot and digest;
-      that is why `None` stays the default.
+      same). With `0` the bank holds no pair and its forward has no pair code, which every
+      other bank compiles though it runs it only while a pair is active: the integration
+      example's first training step took 0.94–1.01× a small MLP's, against 1.18–1.22× with
+      `max_pairs=1` (for a bank that grows by births and moment merges, as
+      `TransitionHook.growing` does by default). A commit that would make more pairs active is
+      refused (`ValueError`) and `detect_transitions` proposes no merge while the bank is
+      full. Static, like `max_order`: kernels compile once per value. A bound is written into
+      the bank's portable snapshot, so only a bank built without one has the spec's snapshot
+      and digest; that is why `None` stays the default.
 
     Raises `ValueError` for a bad base, capacity or order, a `max_pairs` outside
-    `1..max_packs`, a `max_order` above the dtype's limit,
+    `0..max_packs`, a `max_order` above the dtype's limit,
     a bank that would not fit in this machine's physical memory (the message states the bytes
     it would need; checked before anything is allocated) or whose slot ids would not fit the
     metadata integer, too many packs, a pack order above `max_order`, and a pack value that

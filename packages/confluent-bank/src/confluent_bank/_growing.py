@@ -175,6 +175,7 @@ class GrowingHook(TransitionHook):
         leaves = list(leaves)
         banks = [i for i, (_, leaf) in enumerate(leaves) if _is_bank(leaf)]
         self._check_domains(leaves, banks)
+        self._check_pair_merges(leaves, banks)
         if banks and step % self.every == 0:
             value = self._evaluate(leaves, treedef)
             n = len(banks)
@@ -186,6 +187,19 @@ class GrowingHook(TransitionHook):
             for i in banks:
                 leaves[i] = (leaves[i][0], leaves[i][1].retract())
         return treedef.unflatten([leaf for _, leaf in leaves]), opt_state
+
+    def _check_pair_merges(self, leaves: list[tuple[Any, Any]], banks: list[int]) -> None:
+        """`merge_into="pair"` on a bank that can hold no pair would never merge: refuse it."""
+        if self.merge_into != "pair":
+            return
+        for i in banks:
+            if leaves[i][1].max_pairs == 0:
+                raise ValueError(
+                    "merge_into='pair' merges collided atoms into a centred pair, but the bank "
+                    f"at {jax.tree_util.keystr(leaves[i][0]) or 'predictors'} was built with "
+                    "max_pairs=0 and holds none; use merge_into='moments' (the default) or "
+                    "build the bank with max_pairs >= 1"
+                )
 
     def _evaluate(self, leaves: list[tuple[Any, Any]], treedef: Any) -> float:
         assert self.objective is not None

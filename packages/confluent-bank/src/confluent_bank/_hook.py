@@ -162,7 +162,8 @@ class TransitionHook:
            `detect_transitions` with minus the number of collisions as its score (none while
            a bank holds `max_pairs` pairs). A moment slot costs a training step what an
            ordinary atom does; a bank built without `max_pairs` evaluates the pair formulas
-           on every slot once it holds a pair;
+           on every slot once it holds a pair, and one built with `max_pairs=0` compiles none
+           (it merges into moment slots only);
         3. **births**, on a plateau (the objective is not below `(1 − plateau)` times its lowest
            value since the last birth), the best candidate of all banks with room (fewer than
            `max_active` active slots): a zero-output birth, exact, in the first free slot.
@@ -253,7 +254,8 @@ class TransitionHook:
 
         **Raises:** `ValueError` naming the argument for a value outside these ranges;
         `TypeError` when `objective` is not callable; and, as for `TransitionHook`, at the
-        first call when the processes of a multi-process run gave different domains.
+        first call when the processes of a multi-process run gave different domains, or with
+        `merge_into="pair"` when a bank was built with `max_pairs=0`.
         """
         from confluent_bank._growing import GrowingHook  # the policy imports this module
 

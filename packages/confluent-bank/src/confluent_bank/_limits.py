@@ -16,13 +16,13 @@ SPEC_TOWER_HEIGHT = 11  # the spec's centred-pair series reads rows 0..2T−1 wi
 
 
 def pair_capacity(max_pairs: Any, max_packs: int) -> int | None:
-    """`max_pairs` validated against the capacity: `None`, or an int in `1..max_packs`."""
+    """`max_pairs` validated against the capacity: `None`, or an int in `0..max_packs`."""
     if max_pairs is None:
         return None
     max_pairs = as_index(max_pairs, "max_pairs", "an integer or None")
-    if not 1 <= max_pairs <= max_packs:
+    if not 0 <= max_pairs <= max_packs:
         raise ValueError(
-            f"max_pairs must be in 1..max_packs={max_packs} (or None for any number of pairs), "
+            f"max_pairs must be in 0..max_packs={max_packs} (or None for any number of pairs), "
             f"got {max_pairs}"
         )
     return max_pairs
