@@ -120,9 +120,10 @@ def initial_bank(
 
 def two_broad_atoms(dtype: Any = None) -> cb.ConfluentPackBank:
     """Two ordinary atoms of slope 0.5 (too broad for g) and six empty slots: where a bank
-    that grows itself starts."""
+    that grows itself starts. It grows by births and moment merges, so it holds no centred
+    pair (``max_pairs=0``) and its kernels compile no pair code."""
     packs = [cb.RefinedPack(0, -0.5, 0.05, 0.5), cb.RefinedPack(0, 0.5, -0.05, 0.5)]
-    return cb.init_confluent_bank(packs, max_packs=8, max_order=3, dtype=dtype)
+    return cb.init_confluent_bank(packs, max_packs=8, max_order=3, dtype=dtype, max_pairs=0)
 
 
 # --8<-- [start:simulate]

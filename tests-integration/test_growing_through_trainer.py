@@ -103,8 +103,8 @@ def grown(problem) -> Run:
 def hand_placed(problem) -> Run:
     """Six atoms placed by hand at g's own slope, same steps; the hook only retracts."""
     # The objective's trainable mask was built from the grown bank, whose static configuration
-    # (max_pairs=None) a mask must match.
-    predictors = (P.initial_bank(jnp.float64, max_pairs=None),)
+    # (max_pairs=0) a mask must match; this bank holds no pair either.
+    predictors = (P.initial_bank(jnp.float64, max_pairs=0),)
     return train(problem, P.transition_hook({}, problem["domain"]), predictors)
 
 
