@@ -51,8 +51,8 @@ def bank_slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
     mode), so a commit never recompiles; with `bank.max_pairs` set, on that many gathered rows
     instead of every slot (the same values bit for bit), and with `max_pairs=0` nowhere: such a
     bank has no pair code. A bank edited by hand to hold more active pairs than `max_pairs`
-    gives NaN for the pairs beyond it. Jitted (one compilation
-    per input shape and bank configuration), so eager calls are fast as well.
+    gives NaN for the pairs beyond it. Jitted (one compilation per input shape and bank
+    configuration), so eager calls are fast as well.
 
     At `z = ±∞` every slot gives its limit (`w·σ(±∞)` for order 0, 0 for higher orders, the
     limits of both activations of a pair, `M_0·σ(±∞)` for moments), with finite gradients. A
@@ -144,9 +144,10 @@ def _slot_terms(bank: ConfluentPackBank, z: Array) -> Array:
     value = _combined_terms(bank, z)
     lanes = bank.max_pairs
     if lanes == 0:
-        # No pair code at all: a bank that never holds a pair compiles none (the pair branch is
-        # ~1.2 s of a 4.7 s compile of the integration example's gradient, though it never
-        # runs). A hand-edited bank holding a pair anyway gets NaN there, not a missing term.
+        # No pair code at all: a bank that never holds a pair compiles none (the pair branch,
+        # limits included, was about 1.7 s of a 4.7 s compile of the integration example's
+        # gradient, though it never ran). A hand-edited bank holding a pair anyway gets NaN
+        # there, not a missing term.
         pair = jnp.full_like(value, np.nan)
     elif lanes is None or lanes >= bank.scales.shape[0]:
         pair = _every_slot_pairs(bank, z)
