@@ -168,3 +168,16 @@ def retracted_snapshot(bank: cb.ConfluentPackBank) -> dict:
     rho = snapshot["rho"]["values"]
     snapshot["rho"]["values"] = [0.0 if value < 0 else value for value in rho]
     return snapshot
+
+
+def jaxpr_equations(jaxpr):
+    """Every equation of a jaxpr, those of every nested sub-jaxpr (jit, scan, cond, custom
+    rules) included, depth first."""
+    for equation in jaxpr.eqns:
+        yield equation
+        for value in equation.params.values():
+            for item in value if isinstance(value, list | tuple) else (value,):
+                if hasattr(item, "eqns"):
+                    yield from jaxpr_equations(item)
+                elif hasattr(item, "jaxpr") and hasattr(item.jaxpr, "eqns"):
+                    yield from jaxpr_equations(item.jaxpr)

@@ -471,6 +471,24 @@ def test_a_collision_no_moment_order_holds_within_the_budget_becomes_an_exact_pa
     assert int(bank.modes[0]) == cb.SlotMode.PAIR and event.max_change <= 1e-13
 
 
+def test_a_bank_built_without_pairs_merges_into_moments():
+    hook = cb.TransitionHook.growing(_objective(_target(0.0)), DOMAIN, every=1, max_active=2)
+    bank = _check(
+        hook, cb.init_confluent_bank(COLLIDED, max_packs=6, max_order=2, max_pairs=0), [1]
+    )
+    assert [(e.kind, e.accepted) for e in hook.events] == [("cluster_to_moments", True)]
+    assert int(bank.modes[0]) == cb.SlotMode.MOMENTS and bank.max_pairs == 0
+
+
+def test_a_pair_merge_policy_on_a_bank_built_without_pairs_is_refused_by_name():
+    hook = cb.TransitionHook.growing(
+        _objective(_target(0.0)), DOMAIN, every=1, max_active=2, merge_into="pair"
+    )
+    bank = cb.init_confluent_bank(COLLIDED, max_packs=6, max_order=2, max_pairs=0)
+    with pytest.raises(ValueError, match=r"merge_into='pair' .* bank at \[0\] .*max_pairs=0"):
+        hook.between_steps(1, (bank,), _adam_state(bank))
+
+
 def test_an_atom_near_zero_for_prune_checks_checks_is_removed():
     packs = [cb.RefinedPack(0, 0.0, 1.0, 1.0), cb.RefinedPack(0, 1.0, 1e-7, 1.0)]
     hook = cb.TransitionHook.growing(

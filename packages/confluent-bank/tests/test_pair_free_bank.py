@@ -3,7 +3,8 @@ item 3: the first step's compile).
 
 Its values and gradients are those of the same bank built to hold pairs, its traced forward
 has no pair branch, a commit or proposal that would make a pair is refused or not made, the
-growing policy merges into moments alone, and a checkpoint keeps the bound.
+growing policy merges into moments alone (`test_growing.py`), and a checkpoint keeps the
+bound.
 """
 
 from __future__ import annotations
@@ -12,13 +13,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import always, commit_pair, make_pair_bank, moments, set_rows
+from helpers import always, commit_pair, jaxpr_equations, make_pair_bank, moments, set_rows
 
 import confluent_bank as cb
 
 Z = jnp.asarray([-np.inf, -3.0, -0.7, 0.0, 0.4, 1.9, np.inf])
 FINITE = jnp.linspace(-2.5, 2.5, 11)
-DOMAIN = (-3.0, 3.0)
 
 
 def mixed_bank(max_pairs: int | None) -> cb.ConfluentPackBank:
@@ -52,19 +52,8 @@ def primitives(bank: cb.ConfluentPackBank) -> set[str]:
     def objective(parameters):
         return jnp.sum(bank.with_parameters(parameters).forward(FINITE))
 
-    names: set[str] = set()
-
-    def walk(jaxpr) -> None:
-        for equation in jaxpr.eqns:
-            names.add(equation.primitive.name)
-            for value in equation.params.values():
-                for inner in value if isinstance(value, (tuple, list)) else (value,):
-                    inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr's Jaxpr
-                    if hasattr(inner, "eqns"):
-                        walk(inner)
-
-    walk(jax.make_jaxpr(jax.grad(objective))(bank.parameters).jaxpr)
-    return names
+    jaxpr = jax.make_jaxpr(jax.grad(objective))(bank.parameters).jaxpr
+    return {equation.primitive.name for equation in jaxpr_equations(jaxpr)}
 
 
 @pytest.mark.parametrize("reference", [None, 1], ids=["any-number", "one"])
@@ -118,32 +107,3 @@ def test_a_checkpoint_of_a_bank_without_pairs_that_holds_one_is_refused():
     checkpoint["state"]["__configuration__"]["max_pairs"] = 0
     with pytest.raises(ValueError, match=r"1 active centred pairs above max_pairs=0"):
         cb.bank_from_checkpoint(checkpoint)
-
-
-def growing(bank: cb.ConfluentPackBank, **options) -> tuple[cb.TransitionHook, object]:
-    """A growing hook on a sigmoid target, and an Adam state for `bank`."""
-    optax = pytest.importorskip("optax")
-    x = jnp.linspace(*DOMAIN, 61)
-    target = 0.7 * jax.nn.sigmoid(2.0 * x)
-    hook = cb.TransitionHook.growing(
-        lambda b: jnp.mean((b.forward(x) - target) ** 2), DOMAIN, every=1, max_active=2, **options
-    )
-    return hook, optax.adam(1e-2).init(bank.parameters)
-
-
-COLLIDED = [cb.RefinedPack(0, 0.0, 1.0, 1.0), cb.RefinedPack(0, 0.01, -0.5, 1.0)]
-
-
-def test_the_growing_policy_merges_a_bank_without_pairs_into_moments():
-    bank = cb.init_confluent_bank(COLLIDED, max_packs=6, max_order=2, max_pairs=0)
-    hook, state = growing(bank)
-    merged, _ = hook.between_steps(1, bank, state)
-    assert [(e.kind, e.accepted) for e in hook.events] == [("cluster_to_moments", True)]
-    assert int(merged.modes[0]) == cb.SlotMode.MOMENTS and merged.max_pairs == 0
-
-
-def test_a_pair_merge_policy_on_a_bank_without_pairs_is_refused_by_name():
-    bank = cb.init_confluent_bank(COLLIDED, max_packs=6, max_order=2, max_pairs=0)
-    hook, state = growing(bank, merge_into="pair")
-    with pytest.raises(ValueError, match=r"merge_into='pair' .* bank at \[0\] .*max_pairs=0"):
-        hook.between_steps(1, (bank,), state)

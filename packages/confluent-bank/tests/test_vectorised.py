@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import set_rows
+from helpers import jaxpr_equations, set_rows
 
 import confluent_bank as cb
 import confluent_bank._forward as forward_module
@@ -18,16 +18,7 @@ import confluent_bank._forward as forward_module
 
 def count_equations(jaxpr) -> int:
     """Equations of a jaxpr, including those of every nested sub-jaxpr (jit, scan, custom rules)."""
-    total = 0
-    for equation in jaxpr.eqns:
-        total += 1
-        for value in equation.params.values():
-            for item in value if isinstance(value, list | tuple) else (value,):
-                if hasattr(item, "eqns"):
-                    total += count_equations(item)
-                elif hasattr(item, "jaxpr") and hasattr(item.jaxpr, "eqns"):
-                    total += count_equations(item.jaxpr)
-    return total
+    return sum(1 for _ in jaxpr_equations(jaxpr))
 
 
 def random_bank(seed, max_packs, max_order, base="sigmoid"):
