@@ -166,9 +166,10 @@ def mlp_rate(key: Any) -> MLPRate:
 
 
 def bank_rate() -> cb.ConfluentPackBank:
-    """Six sigmoid atoms of one fixed scale spread over the substrate range."""
+    """Six sigmoid atoms of one fixed scale spread over the substrate range; no transitions,
+    so no centred pair (`max_pairs=0`: its kernels compile no pair code)."""
     packs = [cb.RefinedPack(0, float(c), 0.05, BANK_SCALE) for c in np.linspace(0.0, 6.0, 6)]
-    return cb.init_confluent_bank(packs, max_packs=8, max_order=3, dtype=jnp.float64)
+    return cb.init_confluent_bank(packs, max_packs=8, max_order=3, dtype=jnp.float64, max_pairs=0)
 
 
 def rate_of(predictor: Any):

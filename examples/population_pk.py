@@ -171,9 +171,11 @@ def mlp_elimination(key: Any) -> MLPElimination:
 
 # --8<-- [start:grow]
 def bank_elimination() -> cb.ConfluentPackBank:
-    """Two sigmoid atoms (of h / C) in 8 slots: the growing hook places the rest."""
+    """Two sigmoid atoms (of h / C) in 8 slots: the growing hook places the rest. It grows by
+    births and moment merges, so it holds no centred pair (`max_pairs=0`: its kernels compile
+    no pair code)."""
     packs = [cb.RefinedPack(0, c, 0.05, BANK_SCALE) for c in (1.0, 3.0)]
-    return cb.init_confluent_bank(packs, max_packs=8, max_order=3, dtype=jnp.float64)
+    return cb.init_confluent_bank(packs, max_packs=8, max_order=3, dtype=jnp.float64, max_pairs=0)
 
 
 def growing_hook(train: hk.Dataset, mask: Any) -> cb.TransitionHook:

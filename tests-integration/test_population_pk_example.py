@@ -61,4 +61,5 @@ def test_the_examples_bank_grows_where_it_helps_and_fits_better_than_without(mon
     assert births and all(e.score > 0 for e in births)
     assert int(np.sum(np.asarray(grown.active))) > int(np.sum(np.asarray(fixed.active))) == 2
     assert isinstance(grown, cb.ConfluentPackBank)
+    assert grown.max_pairs == 0  # grown by births and moment merges: no pair code compiled
     assert grown_loss < 0.5 * fixed_loss
