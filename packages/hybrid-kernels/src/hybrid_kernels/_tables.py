@@ -2,9 +2,9 @@
 
 A long table has one row per measurement: experiment, time, variable, value and an optional
 standard deviation. [`hybrid_kernels.experiments_from_table`][] turns it (and per-experiment
-covariate and input tables) into experiments; `_result_tables` writes predictions back in the
-same format. pandas is an optional dependency (`pip install hybrid-kernels[table]`), imported
-only through `_pandas`.
+covariate, input and state-jump tables) into experiments; `_result_tables` writes predictions
+back in the same format. pandas is an optional dependency (`pip install hybrid-kernels[table]`),
+imported only through `_pandas`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 from hybrid_kernels._experiments import ChannelObs, Experiment, make_experiment
 from hybrid_kernels._ids import id_column, id_text
 from hybrid_kernels._inputs import INPUT_KINDS, piecewise_constant, piecewise_linear
+from hybrid_kernels._jumps import StateJump
 from hybrid_kernels._optional import require
 from hybrid_kernels._paths import file_to_read, unreadable
 
@@ -110,6 +111,7 @@ def experiments_from_table(
     covariates: Any = None,
     inputs: Any = None,
     input_kinds: Mapping[str, str] | None = None,
+    jumps: Any = None,
     variables: Sequence[str] | None = None,
     t0: float | Mapping[str, float] | None = None,
     exp_col: str = "experiment",
@@ -136,6 +138,13 @@ def experiments_from_table(
         input name) and `value_col`; each (experiment, input) is one table.
     - `input_kinds`: input name → `"constant"` (default: a step signal such as a feed) or
         `"linear"` (a ramp). See [`hybrid_kernels.piecewise_constant`][].
+    - `jumps`: instantaneous changes of the state (a bolus dose, a sample withdrawn, a
+        medium exchange), one row per [`hybrid_kernels.StateJump`][]: `exp_col`, `time_col`,
+        `state` (the index of the state component, an integer), and `add` and/or `scale`
+        (`y[state] ← scale·y[state] + add`; an absent column or an empty cell is 0 for `add`
+        and 1 for `scale`). Rows at one time apply in table order. Every experiment named
+        here must have observations: a dose for an experiment the observations lack (a
+        misspelt id) raises instead of being dropped.
     - `variables`: the channels to build, in order (default: those in the table, sorted). Each
         experiment gets every one, empty where it was never measured.
     - `t0`: the start time, one float or experiment → float; see the start-time rule of
@@ -152,7 +161,9 @@ def experiments_from_table(
     row numbers, counted from 0 at the first data row), a `std` that is present but not
     finite and > 0, a covariate that is not a finite number or differs between rows of one
     experiment (naming experiment and column), a fractional experiment id,
-    and a path that does not exist, is a directory or cannot be read (naming the argument).
+    a jump row whose `state` is missing or not a whole number `>= 0`, whose `add`/`scale` is
+    not finite, or whose experiment has no observations, and a path that does not exist, is a
+    directory or cannot be read (naming the argument).
     """
     obs = _read(observations, "observations")
     cols = [exp_col, time_col, variable_col, value_col]
@@ -177,6 +188,7 @@ def experiments_from_table(
         {id_text(k, f"{_WHERE}: `t0`"): v for k, v in t0.items()} if isinstance(t0, Mapping) else {}
     )
     tables = _input_tables(inputs, input_kinds or {}, exp_col, time_col, variable_col, value_col)
+    state_jumps = _jump_rows(jumps, exp_col, time_col, ids)
 
     keep = ~np.isnan(values)
     out = []
@@ -204,6 +216,7 @@ def experiments_from_table(
                 exp_id=exp_id,
                 t0=start,
                 inputs=tables.get(exp_id, {}),
+                jumps=state_jumps.get(exp_id, ()),
             )
         except ValueError as e:
             raise ValueError(f"{_WHERE}: {e}") from e
@@ -310,4 +323,55 @@ def _input_tables(inputs, kinds, exp_col, time_col, variable_col, value_col):
                 f"{_WHERE}: `inputs` experiment {exp_id!r}, variable {name!r} (fields "
                 f"{time_col!r}, {value_col!r}): {e}"
             ) from e
+    return out
+
+
+_JUMP_DEFAULTS = {"add": 0.0, "scale": 1.0}
+
+
+def _jump_rows(jumps: Any, exp_col: str, time_col: str, ids: list[str]) -> dict[str, list]:
+    """Each experiment's `StateJump`s from a long table, in table order (ties keep it)."""
+    if jumps is None:
+        return {}
+    df = _read(jumps, "jumps")
+    _need(df, [exp_col, time_col, "state"], "jumps")
+    if not any(c in df.columns for c in _JUMP_DEFAULTS):
+        raise ValueError(
+            f"{_WHERE}: `jumps` has neither an 'add' nor a 'scale' column, so no row would "
+            f"change the state; it has {list(df.columns)}."
+        )
+    df = df.reset_index(drop=True).assign(**{exp_col: _exp_labels(df, exp_col, "jumps")})
+    unknown = list(dict.fromkeys(i for i in df[exp_col] if i not in set(ids)))
+    if unknown:
+        raise ValueError(
+            f"{_WHERE}: `jumps` names experiment(s) {unknown} (field {exp_col!r}) that have no "
+            "observations; their jumps would be lost. Drop those rows, or check the ids."
+        )
+    times = _numeric(df, time_col, "jumps", exp_col, None)
+    states = _numeric(df, "state", "jumps", exp_col, None)
+    bad = np.flatnonzero(~(np.isfinite(states) & (states >= 0) & (states == np.round(states))))
+    if bad.size:
+        shown = "empty" if np.isnan(states[bad[0]]) else repr(float(states[bad[0]]))
+        raise ValueError(
+            f"{_WHERE}: `jumps` experiment {df[exp_col].iloc[bad[0]]!r}, field 'state': "
+            f"{shown} in {_rows(bad)}; the state must be the index of a state component, a "
+            "whole number >= 0."
+        )
+    fields = {}
+    for name, default in _JUMP_DEFAULTS.items():
+        given = name in df.columns
+        values = _numeric(df, name, "jumps", exp_col, None) if given else np.full(len(df), default)
+        fields[name] = np.where(np.isnan(values), default, values)
+    out: dict[str, list] = {}
+    for i, exp_id in enumerate(df[exp_col]):
+        where = f"{_WHERE}: `jumps` experiment {exp_id!r}, row {i} (data rows counted from 0)"
+        if not np.isfinite(times[i]):
+            raise ValueError(f"{where}, field {time_col!r}: {times[i]} is not a finite time.")
+        try:
+            jump = StateJump(
+                float(times[i]), int(states[i]), float(fields["add"][i]), float(fields["scale"][i])
+            )
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from e
+        out.setdefault(exp_id, []).append(jump)
     return out
