@@ -1,6 +1,7 @@
 """train_with_optax phases with optimisers that need the objective: Adam, then L-BFGS by name,
 as an instance and as a factory, on a noise-free two-parameter fit (float64)."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,22 +19,24 @@ def dataset():
     return amplitude_dataset(k=0.7, a=2.0)
 
 
-def fit(dataset, second, ui=None):
+def fit(dataset, second, ui=None, simulate_fn=amplitude_simulate, hooks=None, **config):
     config = hk.OptaxTrainingConfig(
         steps=(ADAM_STEPS, LBFGS_STEPS),
         lr=(0.05, 1.0),
         optimizer=("adam", second),
         verbose=False,
+        **config,
     )
     return hk.train_with_optax(
         (Decay(jnp.asarray(0.4), jnp.asarray(1.5)),),
         dataset,
         config,
-        simulate_fn=amplitude_simulate,
+        simulate_fn=simulate_fn,
         state_to_output=identity_output,
         solver=TIGHT,
         key=jax.random.key(0),
         ui=ui,
+        hooks=hooks,
     )
 
 
@@ -91,3 +94,51 @@ def test_lbfgs_steps_after_the_first_reuse_the_line_searchs_value(dataset, monke
     assert reused.count(True) == LBFGS_STEPS - 1
     assert reused[-(LBFGS_STEPS - 1) :] == [True] * (LBFGS_STEPS - 1)
     assert all(np.isfinite(history[ADAM_STEPS:]))
+
+
+def test_a_stored_lbfgs_step_reads_the_line_search_state_and_holds_no_solve(dataset, monkeypatch):
+    # optax.value_and_grad_from_state would put the whole gradient program in a cond branch
+    # that never runs here but compiles at the first stored step (seconds per model).
+    from hybrid_kernels._training import _engine
+
+    programs = []
+    read = _engine.stored_value_and_grad
+
+    def spy(*args):
+        programs.append(str(eqx.filter_make_jaxpr(read)(*args)[0]))
+        return read(*args)
+
+    monkeypatch.setattr(_engine, "stored_value_and_grad", spy)
+    history, _ = fit(dataset, "lbfgs")
+    assert len(programs) == LBFGS_STEPS - 1
+    assert not any("while" in p or "cond" in p for p in programs)
+    assert history[-1] < 1e-10 * history[ADAM_STEPS - 1]
+
+
+class _Parameters:
+    """A hook keeping the parameters after every step (the next step's starting point)."""
+
+    def __init__(self):
+        self.after, self.events = [], []
+
+    def between_steps(self, step, predictors, opt_state):
+        self.after.append(predictors)
+        return predictors, opt_state
+
+
+def test_stored_lbfgs_steps_split_the_penalty_from_the_loss(dataset):
+    def pull(predictors, points):
+        (m,) = predictors
+        return (m.k - 0.5) ** 2
+
+    kept = _Parameters()
+    history, _ = fit(dataset, "lbfgs", hooks=kept, penalty_fn=pull, penalty_weight=(0.0, 0.3))
+    data_loss = hk.build_objective(
+        dataset, simulate_fn=amplitude_simulate, state_to_output=identity_output, solver=TIGHT
+    )
+    # Stored steps are every L-BFGS step after the first; each reports at the parameters the
+    # step before ended with.
+    for step in range(ADAM_STEPS + 1, ADAM_STEPS + LBFGS_STEPS):
+        start = kept.after[step - 1]
+        np.testing.assert_allclose(history.penalties[step], float(pull(start, ())), rtol=1e-12)
+        np.testing.assert_allclose(history[step], float(data_loss(start)), rtol=1e-9)

@@ -31,7 +31,7 @@ from hybrid_kernels._kernels import (
     build_score_bucket,
 )
 from hybrid_kernels._losses import resolve_loss_fn
-from hybrid_kernels._objective import Objective, make_objective, value_and_grad_from_state
+from hybrid_kernels._objective import Objective, make_objective, stored_value_and_grad
 from hybrid_kernels._penalties import bound_penalty
 from hybrid_kernels._training._step import any_solved, make_tail, set_learning_rate
 from hybrid_kernels._training.config import OPTIMIZER_REGISTRY, OptaxTrainingConfig
@@ -185,7 +185,7 @@ class Engine:
             carry.predictors is last[0] and carry.opt_state is last[1] and objective is last[2]
         ):
             return None
-        loss, grads, pen, pen_grads = value_and_grad_from_state(
+        loss, grads, pen, pen_grads = stored_value_and_grad(
             objective, carry.predictors, carry.opt_state
         )
         failed, row_weights, unknown, one = self._stored_report(objective)
@@ -292,7 +292,7 @@ def calls_value_fn(transformation: optax.GradientTransformation) -> tuple[bool, 
         return False, False
     try:
         stored = all(optax.tree_utils.tree_get(state, k) is not None for k in ("value", "grad"))
-    except KeyError:  # several values: not a state value_and_grad_from_state can read
+    except KeyError:  # several values: not a state `stored_value_and_grad` can read
         stored = False
     return bool(called), bool(called) and stored
 
