@@ -19,7 +19,7 @@ def dataset():
     return amplitude_dataset(k=0.7, a=2.0)
 
 
-def fit(dataset, second, ui=None, simulate_fn=amplitude_simulate, hooks=None, **config):
+def fit(dataset, second, ui=None, hooks=None, **config):
     config = hk.OptaxTrainingConfig(
         steps=(ADAM_STEPS, LBFGS_STEPS),
         lr=(0.05, 1.0),
@@ -31,7 +31,7 @@ def fit(dataset, second, ui=None, simulate_fn=amplitude_simulate, hooks=None, **
         (Decay(jnp.asarray(0.4), jnp.asarray(1.5)),),
         dataset,
         config,
-        simulate_fn=simulate_fn,
+        simulate_fn=amplitude_simulate,
         state_to_output=identity_output,
         solver=TIGHT,
         key=jax.random.key(0),

@@ -243,7 +243,8 @@ def _covariate_rows(covariates: Any, exp_col: str, ids: list[str]) -> dict[str, 
     df = _read(covariates, "covariates")
     _need(df, [exp_col], "covariates")
     df = df.assign(**{exp_col: _exp_labels(df, exp_col, "covariates")})
-    missing = [i for i in ids if i not in set(df[exp_col])]
+    given = set(df[exp_col])
+    missing = [i for i in ids if i not in given]
     if missing:
         raise ValueError(
             f"{_WHERE}: `covariates` has no row for experiment(s) {missing} (field {exp_col!r})."
@@ -341,7 +342,8 @@ def _jump_rows(jumps: Any, exp_col: str, time_col: str, ids: list[str]) -> dict[
             f"change the state; it has {list(df.columns)}."
         )
     df = df.reset_index(drop=True).assign(**{exp_col: _exp_labels(df, exp_col, "jumps")})
-    unknown = list(dict.fromkeys(i for i in df[exp_col] if i not in set(ids)))
+    observed = set(ids)
+    unknown = list(dict.fromkeys(i for i in df[exp_col] if i not in observed))
     if unknown:
         raise ValueError(
             f"{_WHERE}: `jumps` names experiment(s) {unknown} (field {exp_col!r}) that have no "
