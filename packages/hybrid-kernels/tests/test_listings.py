@@ -42,6 +42,12 @@ def test_every_listed_solver_and_adjoint_round_trips_through_from_dict():
         assert hk.SolverConfig.from_dict({**base, "adjoint": name}).to_dict()["adjoint"] == name
 
 
+def test_the_implicit_solvers_a_stiff_model_needs_are_known_without_registering():
+    config = hk.SolverConfig(diffrax.Kvaerno5(), rtol=1e-6, atol=1e-8, max_steps=16, dt0=None)
+    assert config.to_dict()["solver"] == "Kvaerno5"
+    assert {"ImplicitEuler", "Kvaerno3", "Kvaerno4", "Kvaerno5"} <= set(hk.available_solvers())
+
+
 def test_registered_solvers_and_adjoints_are_listed(monkeypatch):
     monkeypatch.setattr(_solver, "SOLVER_REGISTRY", dict(_solver.SOLVER_REGISTRY))
     monkeypatch.setattr(_solver, "ADJOINT_REGISTRY", dict(_solver.ADJOINT_REGISTRY))

@@ -34,11 +34,24 @@ from hybrid_kernels._inputs import unusable_times
 from hybrid_kernels._jumps import solve_with_jumps
 from hybrid_kernels._row import current_row
 
+# diffrax's ODE solvers that build with no arguments: explicit ones, and the implicit ones a
+# stiff model needs (a saved run with `Kvaerno5` must reload without a `register_solver`).
 SOLVER_REGISTRY: dict[str, type] = {
-    "Tsit5": diffrax.Tsit5,
-    "Kvaerno3": diffrax.Kvaerno3,
-    "Dopri5": diffrax.Dopri5,
-    "Heun": diffrax.Heun,
+    cls.__name__: cls
+    for cls in (
+        diffrax.Euler,
+        diffrax.Heun,
+        diffrax.Midpoint,
+        diffrax.Ralston,
+        diffrax.Bosh3,
+        diffrax.Tsit5,
+        diffrax.Dopri5,
+        diffrax.Dopri8,
+        diffrax.ImplicitEuler,
+        diffrax.Kvaerno3,
+        diffrax.Kvaerno4,
+        diffrax.Kvaerno5,
+    )
 }
 """diffrax solver classes by name, for `SolverConfig.to_dict`/`from_dict` (`register_solver`)."""
 ADJOINT_REGISTRY: dict[str, type] = {
