@@ -22,7 +22,7 @@ from confluent_bank._bounds import within_error_budget
 from confluent_bank._commit import commit_transition
 from confluent_bank._domains import BankDomains, Domain, DomainSpec
 from confluent_bank._events import TransitionEvent
-from confluent_bank._host import transaction
+from confluent_bank._host import STATE_NAMES, transaction
 from confluent_bank._optimizer_state import NamedMomentState, OptimizerStateAdapter
 from confluent_bank._records import TransitionProposal
 
@@ -31,6 +31,19 @@ Proposer = Callable[[int, str, ConfluentPackBank], TransitionProposal | None]
 
 def _is_bank(node: Any) -> bool:
     return isinstance(node, ConfluentPackBank)
+
+
+def _refuse_filtered(path: str, bank: ConfluentPackBank) -> None:
+    """A hook reads and commits the whole bank; `eqx.partition(model, eqx.is_inexact_array)`
+    leaves `None` for its integer and bool blocks, and the forward would fail deep inside."""
+    missing = [name for name in STATE_NAMES if getattr(bank, name) is None]
+    if missing:
+        raise TypeError(
+            f"TransitionHook: the bank at {path or '<root>'} has no {', '.join(missing)} (None, "
+            "as eqx.filter/eqx.partition leave a bank's integer and bool blocks); pass "
+            "between_steps the whole model (eqx.combine(params, static)) and give the "
+            "optimizer the filtered one"
+        )
 
 
 class TransitionHook:
@@ -332,7 +345,10 @@ class TransitionHook:
         return treedef.unflatten([leaf for _, leaf in leaves]), opt_state
 
     def _check_domains(self, leaves: list[tuple[Any, Any]], banks: list[int]) -> None:
-        """Every visited bank has a domain; at the first call, every process has the same."""
+        """Every visited bank is whole and has a domain; at the first call, every process has
+        the same domains."""
+        for i in banks:
+            _refuse_filtered(jax.tree_util.keystr(leaves[i][0]), leaves[i][1])
         self._domains.check([jax.tree_util.keystr(leaves[i][0]) for i in banks])
         if not self._agreed:
             self._domains.agree_across_processes()
