@@ -2,7 +2,9 @@
 
 Equinox loops hand the optimizer `eqx.filter(model, eqx.is_inexact_array)`, which leaves
 `None` for the bank's integer and bool blocks. The hook must get the whole model: given the
-filtered one, it says so by name instead of failing inside the forward pass.
+filtered one, it says so by name instead of failing inside the forward pass. Given a model
+whose bank sits behind a plain function (`eqx.nn.MLP(activation=bank.forward)`), so that no
+bank is in the pytree, it says that too instead of doing nothing.
 """
 
 import equinox as eqx
@@ -72,3 +74,14 @@ def test_the_whole_network_grows_its_activation_and_keeps_training():
     grads = eqx.filter_grad(loss)(model)
     updates, state = optimizer.update(grads, state, eqx.filter(model, eqx.is_inexact_array))
     assert np.isfinite(float(loss(eqx.apply_updates(model, updates))))
+
+
+@pytest.mark.parametrize("kind", ["growing", "plain"])
+def test_predictors_without_a_bank_are_refused_naming_the_bound_method_pitfall(kind):
+    # eqx.nn.MLP keeps a plain method as a static leaf: the bank behind it is not in the
+    # pytree, so it would neither train nor grow, silently.
+    bank = net().act
+    model = eqx.nn.MLP(2, "scalar", 8, 1, activation=bank.forward, key=jax.random.key(0))
+    state = optax.adam(1e-2).init(eqx.filter(model, eqx.is_inexact_array))
+    with pytest.raises(ValueError, match=r"no ConfluentPackBank .*activation=bank\.forward"):
+        hooks()[kind].between_steps(1, model, state)

@@ -345,8 +345,15 @@ class TransitionHook:
         return treedef.unflatten([leaf for _, leaf in leaves]), opt_state
 
     def _check_domains(self, leaves: list[tuple[Any, Any]], banks: list[int]) -> None:
-        """Every visited bank is whole and has a domain; at the first call, every process has
-        the same domains."""
+        """There is a bank; every visited bank is whole and has a domain; at the first call,
+        every process has the same domains."""
+        if not banks:
+            raise ValueError(
+                "TransitionHook: found no ConfluentPackBank in the predictors. A bank reached "
+                "only through a function, such as eqx.nn.MLP(activation=bank.forward), "
+                "is not part of the pytree, so neither the optimizer nor the hook sees it: hold "
+                "the bank in a field of your module and call bank.forward there"
+            )
         for i in banks:
             _refuse_filtered(jax.tree_util.keystr(leaves[i][0]), leaves[i][1])
         self._domains.check([jax.tree_util.keystr(leaves[i][0]) for i in banks])
