@@ -174,7 +174,7 @@ class GrowingHook(TransitionHook):
         leaves, treedef = jax.tree_util.tree_flatten_with_path(predictors, is_leaf=_is_bank)
         leaves = list(leaves)
         banks = [i for i, (_, leaf) in enumerate(leaves) if _is_bank(leaf)]
-        self._check_domains(leaves, banks)
+        self._check_banks(leaves, banks)
         self._check_pair_merges(leaves, banks)
         if banks and step % self.every == 0:
             value = self._evaluate(leaves, treedef)

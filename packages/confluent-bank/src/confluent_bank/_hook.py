@@ -321,7 +321,7 @@ class TransitionHook:
         leaves, treedef = jax.tree_util.tree_flatten_with_path(predictors, is_leaf=_is_bank)
         leaves = list(leaves)
         banks = [i for i, (_, leaf) in enumerate(leaves) if _is_bank(leaf)]
-        self._check_domains(leaves, banks)
+        self._check_banks(leaves, banks)
         for i in banks:
             path, bank = jax.tree_util.keystr(leaves[i][0]), leaves[i][1]
             # One host transaction per bank: the policy's proposals, the commit and its
@@ -344,7 +344,7 @@ class TransitionHook:
                 leaves[i] = (leaves[i][0], leaves[i][1].retract())
         return treedef.unflatten([leaf for _, leaf in leaves]), opt_state
 
-    def _check_domains(self, leaves: list[tuple[Any, Any]], banks: list[int]) -> None:
+    def _check_banks(self, leaves: list[tuple[Any, Any]], banks: list[int]) -> None:
         """There is a bank; every visited bank is whole and has a domain; at the first call,
         every process has the same domains."""
         if not banks:
