@@ -27,11 +27,12 @@ from confluent_bank._bounds import EXACT_KINDS
 from confluent_bank._candidates import CandidateScorer
 from confluent_bank._collisions import MERGE_TARGETS, _merge_proposal
 from confluent_bank._domains import BankDomains, Domain, DomainSpec
-from confluent_bank._hook import TransitionEvent, TransitionHook, _is_bank
+from confluent_bank._hook import TransitionEvent, TransitionHook
 from confluent_bank._host import HostView, transaction
 from confluent_bank._newborn import Unseeded, newborn_weight, ramping_in
 from confluent_bank._pruning import REMOVE_NEAR_ZERO, _quiet_counts, _removal, _removal_acceptance
 from confluent_bank._records import RefinedPack, TransitionKind
+from confluent_bank._visit import flatten_banks
 
 _BIRTH = TransitionKind.ZERO_OUTPUT_BIRTH
 NEWBORN_WEIGHT = "newborn_weight"
@@ -171,10 +172,8 @@ class GrowingHook(TransitionHook):
 
     def between_steps(self, step: int, predictors: Any, opt_state: Any) -> tuple[Any, Any]:
         """Each `every` steps: remove, merge, birth or stop; returns `(predictors, state)`."""
-        leaves, treedef = jax.tree_util.tree_flatten_with_path(predictors, is_leaf=_is_bank)
-        leaves = list(leaves)
-        banks = [i for i, (_, leaf) in enumerate(leaves) if _is_bank(leaf)]
-        self._check_banks(leaves, banks)
+        leaves, treedef, banks = flatten_banks(predictors)
+        self._check_domains(leaves, banks)
         self._check_pair_merges(leaves, banks)
         if banks and step % self.every == 0:
             value = self._evaluate(leaves, treedef)

@@ -22,28 +22,12 @@ from confluent_bank._bounds import within_error_budget
 from confluent_bank._commit import commit_transition
 from confluent_bank._domains import BankDomains, Domain, DomainSpec
 from confluent_bank._events import TransitionEvent
-from confluent_bank._host import STATE_NAMES, transaction
+from confluent_bank._host import transaction
 from confluent_bank._optimizer_state import NamedMomentState, OptimizerStateAdapter
 from confluent_bank._records import TransitionProposal
+from confluent_bank._visit import flatten_banks
 
 Proposer = Callable[[int, str, ConfluentPackBank], TransitionProposal | None]
-
-
-def _is_bank(node: Any) -> bool:
-    return isinstance(node, ConfluentPackBank)
-
-
-def _refuse_filtered(path: str, bank: ConfluentPackBank) -> None:
-    """A hook reads and commits the whole bank; `eqx.partition(model, eqx.is_inexact_array)`
-    leaves `None` for its integer and bool blocks, and the forward would fail deep inside."""
-    missing = [name for name in STATE_NAMES if getattr(bank, name) is None]
-    if missing:
-        raise TypeError(
-            f"TransitionHook: the bank at {path or '<root>'} has no {', '.join(missing)} (None, "
-            "as eqx.filter/eqx.partition leave a bank's integer and bool blocks); pass "
-            "between_steps the whole model (eqx.combine(params, static)) and give the "
-            "optimizer the filtered one"
-        )
 
 
 class TransitionHook:
@@ -318,10 +302,8 @@ class TransitionHook:
 
     def between_steps(self, step: int, predictors: Any, opt_state: Any) -> tuple[Any, Any]:
         """Visit every bank: propose, commit, record; retract. Returns `(predictors, state)`."""
-        leaves, treedef = jax.tree_util.tree_flatten_with_path(predictors, is_leaf=_is_bank)
-        leaves = list(leaves)
-        banks = [i for i, (_, leaf) in enumerate(leaves) if _is_bank(leaf)]
-        self._check_banks(leaves, banks)
+        leaves, treedef, banks = flatten_banks(predictors)
+        self._check_domains(leaves, banks)
         for i in banks:
             path, bank = jax.tree_util.keystr(leaves[i][0]), leaves[i][1]
             # One host transaction per bank: the policy's proposals, the commit and its
@@ -344,18 +326,8 @@ class TransitionHook:
                 leaves[i] = (leaves[i][0], leaves[i][1].retract())
         return treedef.unflatten([leaf for _, leaf in leaves]), opt_state
 
-    def _check_banks(self, leaves: list[tuple[Any, Any]], banks: list[int]) -> None:
-        """There is a bank; every visited bank is whole and has a domain; at the first call,
-        every process has the same domains."""
-        if not banks:
-            raise ValueError(
-                "TransitionHook: found no ConfluentPackBank in the predictors. A bank reached "
-                "only through a function, such as eqx.nn.MLP(activation=bank.forward), "
-                "is not part of the pytree, so neither the optimizer nor the hook sees it: hold "
-                "the bank in a field of your module and call bank.forward there"
-            )
-        for i in banks:
-            _refuse_filtered(jax.tree_util.keystr(leaves[i][0]), leaves[i][1])
+    def _check_domains(self, leaves: list[tuple[Any, Any]], banks: list[int]) -> None:
+        """Every visited bank has a domain; at the first call, every process has the same."""
         self._domains.check([jax.tree_util.keystr(leaves[i][0]) for i in banks])
         if not self._agreed:
             self._domains.agree_across_processes()
