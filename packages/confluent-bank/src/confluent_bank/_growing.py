@@ -175,7 +175,7 @@ class GrowingHook(TransitionHook):
         leaves, treedef, banks = flatten_banks(predictors)
         self._check_domains(leaves, banks)
         self._check_pair_merges(leaves, banks)
-        if banks and step % self.every == 0:
+        if step % self.every == 0:  # flatten_banks found at least one bank
             value = self._evaluate(leaves, treedef)
             n = len(banks)
             for i in banks:

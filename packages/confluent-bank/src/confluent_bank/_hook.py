@@ -301,7 +301,11 @@ class TransitionHook:
         self.events = events
 
     def between_steps(self, step: int, predictors: Any, opt_state: Any) -> tuple[Any, Any]:
-        """Visit every bank: propose, commit, record; retract. Returns `(predictors, state)`."""
+        """Visit every bank: propose, commit, record; retract. Returns `(predictors, state)`.
+
+        Raises `ValueError` when `predictors` hold no bank, and `TypeError` for a bank
+        filtered by `eqx.filter` (its integer and bool blocks `None`), naming its path.
+        """
         leaves, treedef, banks = flatten_banks(predictors)
         self._check_domains(leaves, banks)
         for i in banks:
