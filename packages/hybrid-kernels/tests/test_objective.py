@@ -175,9 +175,21 @@ def test_apply_update_gives_lbfgs_the_objective_on_the_trainable_leaves():
     assert float(params[0].a) == 2.0
 
 
-def test_apply_update_wants_value_and_value_fn_together():
+def test_apply_update_refuses_value_fn_without_value():
     opt = optax.lbfgs()
     params = (Decay(jnp.asarray(0.4), jnp.asarray(2.0)),)
     apply_update = hk.build_apply_update(opt, (Decay(True, True),))
-    with pytest.raises(TypeError, match="value and value_fn together"):
-        apply_update(params, params, opt.init(params), value=jnp.asarray(1.0))
+    with pytest.raises(TypeError, match="value_fn needs value"):
+        apply_update(params, params, opt.init(params), value_fn=lambda p: jnp.asarray(1.0))
+
+
+def test_apply_update_gives_value_alone_to_reduce_on_plateau():
+    opt = optax.chain(optax.sgd(1.0), optax.contrib.reduce_on_plateau(factor=0.5, patience=1))
+    params = (Decay(jnp.asarray(0.4), jnp.asarray(2.0)),)
+    apply_update = hk.build_apply_update(opt, (Decay(True, True),))
+    state, grads = opt.init(params), jax.tree.map(jnp.ones_like, params)
+    scales = []
+    for value in (3.0, 2.0, 2.0, 2.0):  # two improvements, then no progress for two updates
+        _, state = apply_update(params, grads, state, value=jnp.asarray(value))
+        scales.append(float(state[1].scale))
+    assert scales == [1.0, 1.0, 0.5, 0.25]  # patience 1: each update without progress halves

@@ -23,6 +23,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import optax
 from jaxtyping import Array, Float
 
 from hybrid_kernels import _preflight as pf
@@ -240,7 +241,11 @@ def _penalty_step(penalty_fn, trainable, predictors, weight, points):
 def _apply_update(optimizer, trainable, predictors, grads, opt_state, value=None, value_fn=None):
     params, frozen = eqx.partition(predictors, trainable)
     if value_fn is None:
-        updates, opt_state = optimizer.update(grads, opt_state, params)
+        # optax passes extra arguments only to transformations that take them (`chain` does
+        # the same), so `value` reaches `reduce_on_plateau` and is ignored by the rest.
+        reads = value is not None and isinstance(optimizer, optax.GradientTransformationExtraArgs)
+        extra = {"value": value} if reads else {}
+        updates, opt_state = optimizer.update(grads, opt_state, params, **extra)
     else:
         # The optimiser sees (and its line search moves) only the trainable leaves.
         def on_params(p):
@@ -386,12 +391,16 @@ def build_apply_update(
     The single optimiser update per training step. Create the state once with
     `optimizer.init(eqx.filter(predictors, trainable))`; rebuild it only on a reset.
 
-    For an optimiser whose update needs the objective (`optax.lbfgs`, a chain ending in a
-    line search), call `apply_update(predictors, grads, opt_state, value=value,
-    value_fn=objective)`: `value` is the objective at `predictors`, `grads` its gradient, and
-    `objective` a function of the whole predictors such as [`hybrid_kernels.build_objective`][]
-    returns. The optimiser receives `value`, `grad=grads` and `value_fn` restricted to the
-    trainable leaves (the frozen ones held at their values in `predictors`).
+    For an optimiser whose update reads the objective's value (a chain with
+    `optax.contrib.reduce_on_plateau`), call `apply_update(predictors, grads, opt_state,
+    value=value)`, `value` being the objective at `predictors` (a scalar). For one whose update
+    calls the objective (`optax.lbfgs`, a chain ending in a line search), also pass
+    `value_fn=objective`, a function of the whole predictors such as
+    [`hybrid_kernels.build_objective`][] returns; the optimiser then receives `value`,
+    `grad=grads` and `value_fn` restricted to the trainable leaves (the frozen ones held at
+    their values in `predictors`). `value` reaches only an
+    `optax.GradientTransformationExtraArgs` (as `optax.chain` passes it on); any other
+    optimiser's update is called without it.
 
     **Arguments:**
 
@@ -400,8 +409,11 @@ def build_apply_update(
     """
 
     def run(predictors, grads, opt_state, *, value=None, value_fn=None):
-        if (value is None) != (value_fn is None):
-            raise TypeError("apply_update: pass value and value_fn together, or neither")
+        if value_fn is not None and value is None:
+            raise TypeError(
+                "apply_update: value_fn needs value, the objective at predictors "
+                "(apply_update(predictors, grads, opt_state, value=value, value_fn=objective))"
+            )
         strong = (_strong(x) for x in (predictors, grads, opt_state))
         return _apply_update(optimizer, trainable, *strong, value, value_fn)
 

@@ -230,7 +230,12 @@ def phase_inputs(setup: Setup, p: int) -> StepInputs:
         and not c.tournament_enabled()
     )
     return StepInputs(
-        jnp.asarray(fraction, dtype), _weights(setup.dataset, c, fraction), weight, points, fused
+        jnp.asarray(fraction, dtype),
+        _weights(setup.dataset, c, fraction),
+        weight,
+        points,
+        fused,
+        jnp.asarray(weight, dtype),
     )
 
 

@@ -40,6 +40,9 @@ class StepInputs(NamedTuple):
     penalty_weight: float
     points: tuple[Any, ...]
     fused: bool = False
+    # `penalty_weight` on the device, made once per phase: the tail gives the optimiser the
+    # objective's value (loss + weight x penalty) without a transfer per step.
+    penalty_scale: jax.Array | None = None
 
 
 def take_step(
@@ -106,6 +109,7 @@ def take_step(
         pen_grads,
         best_on_loss,
         objective,
+        None if penalty is None else inputs.penalty_scale,
     )
     return engine.remember(opt, out, objective)
 

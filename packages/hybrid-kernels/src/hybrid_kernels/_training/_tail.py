@@ -169,11 +169,13 @@ def step_tail(
     pen_grads,
     best,
     objective=None,
+    penalty_weight=None,
 ):
     """The end of a step, traced: combine, update, skip a non-finite step, best-step rule.
 
     `objective`: the whole training objective for an optimiser whose update calls `value_fn`
-    (a line search), else `None`.
+    (a line search), else `None`. `penalty_weight`: the penalty's weight (a traced scalar)
+    when `penalty` is given, so that the update is given the objective's value.
     """
     loss, combined = combine_bucket_grads(losses, grads, weights)
     # Under throw=False a step whose every experiment failed has loss and gradient 0: it
@@ -185,7 +187,11 @@ def step_tail(
         penalty = jnp.zeros((), loss.dtype)
     finite = jnp.isfinite(loss) & jnp.isfinite(penalty) & _all_finite(combined)
     if objective is None:
-        updated, new_state = apply_update(carry.predictors, combined, carry.opt_state)
+        # The objective's value, for an optimiser that reads it (reduce_on_plateau).
+        value = loss if penalty_weight is None else loss + penalty_weight * penalty
+        updated, new_state = apply_update(
+            carry.predictors, combined, carry.opt_state, value=value.astype(loss.dtype)
+        )
     else:  # a line search: it is given the objective this step descends, and its value
         value = loss + objective.penalty_weight.astype(loss.dtype) * penalty
         if not objective.body.solver.throw:  # trials scored on the rows this step solved
@@ -225,7 +231,7 @@ def quiet_tail(apply_update, carry, loss, grads, failed, row_weights, steps, wei
     without the overflow flags; its `finite` entry is that whole check.
     """
     loss, combined = combine_bucket_grads((loss,), (grads,), weights)
-    updated, new_state = apply_update(carry.predictors, combined, carry.opt_state)
+    updated, new_state = apply_update(carry.predictors, combined, carry.opt_state, value=loss)
     ok = _nothing_broke(loss, combined, carry.predictors, updated)
     if best:
         carry = improve(carry, carry.predictors, loss, ok)
