@@ -14,7 +14,8 @@ bank, opt_state = cb.permute_bank(
 ```
 
 The adapters walk the optax state (chains, `inject_hyperparams`, `masked`,
-`multi_transform`, `apply_if_finite`, `MultiSteps`, `row_warmup`) down to its moment trees
+`multi_transform`, `apply_if_finite`, `conditionally_mask`, `MultiSteps`, `row_warmup`)
+down to its moment trees
 (`mu`, `nu`, `trace`, ...). Inside each moment tree they find the node shaped like the bank:
 the `bank.parameters` dict or a `ConfluentPackBank` (full, or filtered with `None` leaves),
 at the root or nested anywhere in a larger model pytree. At a commit its rows are carried
@@ -71,6 +72,11 @@ _KNOWN_BY_NAME: dict[str, dict[str, str]] = {
     "ScaleByRssState": {"sum_of_squares": "even"},
     "ScaleByRStdDevState": {"mu": "odd", "nu": "even"},
     "ScaleByAdaDeltaState": {"e_g": "even", "e_x": "even"},
+    # Adan: `m` and `g` (the last gradient) are linear in the gradients, `v` in their
+    # differences; `n` is quadratic.
+    "ScaleByAdanState": {"m": "odd", "v": "odd", "n": "even", "g": "odd", "t": "keep"},
+    "EmaState": {"count": "keep", "ema": "odd"},  # an average of updates: linear
+    "ZeroNansState": {"found_nan": "keep"},  # one flag per leaf, not per row
     "InjectHyperparamsState": {"count": "keep", "hyperparams": "keep", "inner_state": "state"},
     "InjectStatefulHyperparamsState": {
         "count": "keep",
@@ -79,6 +85,8 @@ _KNOWN_BY_NAME: dict[str, dict[str, str]] = {
         "inner_state": "state",
     },
     "MaskedState": {"inner_state": "state"},
+    "ConditionallyMaskState": {"step": "keep", "inner_state": "state"},
+    "ConditionallyTransformState": {"inner_state": "state", "step": "keep"},
     "MultiTransformState": {"inner_states": "states"},
     "ApplyIfFiniteState": {
         "notfinite_count": "keep",
@@ -119,9 +127,28 @@ _KNOWN_BY_NAME: dict[str, dict[str, str]] = {
     },
 }
 
-KNOWN_STATE_PARITIES: dict[type, dict[str, str]] = {
-    getattr(optax, name): roles for name, roles in _KNOWN_BY_NAME.items() if hasattr(optax, name)
-} | {RowWarmupState: {"inner_state": "state", "ramp": "warmup"}}
+
+def _all_kept(kind: type) -> dict[str, str]:
+    return {field: "keep" for field in kind._fields}
+
+
+def _contrib_states() -> dict[type, dict[str, str]]:
+    """States of `optax.contrib` whose every field is a scalar of the whole run: the plateau
+    rule's scale, best value and counters. A function-preserving transition leaves the
+    objective where it was, so they stay valid as they are."""
+    try:
+        import optax.contrib as contrib
+    except ImportError:  # pragma: no cover - every supported optax has it
+        return {}
+    kinds = [getattr(contrib, name, None) for name in ("ReduceLROnPlateauState",)]
+    return {kind: _all_kept(kind) for kind in kinds if kind is not None}
+
+
+KNOWN_STATE_PARITIES: dict[type, dict[str, str]] = (
+    {getattr(optax, name): roles for name, roles in _KNOWN_BY_NAME.items() if hasattr(optax, name)}
+    | _contrib_states()
+    | {RowWarmupState: {"inner_state": "state", "ramp": "warmup"}}
+)
 """The optax state types the adapters understand, mapped to the role of each field:
 `"odd"` (a linear gradient statistic: carried linearly, sign-flipped by a tanh relabel),
 `"even"` (quadratic or absolute: carried by a bound, never flipped), `"warmup"` (warm-up
