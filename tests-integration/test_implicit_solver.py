@@ -79,9 +79,11 @@ def observe(states):
 
 
 def experiments() -> list[hk.Experiment]:
-    """Three runs of 7 readings each (one bucket shape), observed from the true model."""
+    """Three runs of 9 readings each (one bucket shape), observed from the true model. Two
+    are read just after a feed switch (2.02 and 5.01), so the loss and its gradient include
+    the solver's steps right after an event."""
     out = []
-    ts = jnp.asarray([0.0, 0.4, 1.1, 2.6, 4.0, 6.3, 8.0])
+    ts = jnp.asarray([0.0, 0.4, 1.1, 2.02, 2.6, 4.0, 5.01, 6.3, 8.0])
     for i, (start, feeds) in enumerate([(1.0, (0.0, 0.6, 0.3)), (2.0, (0.5, 0.0, 1.0)),
                                         (3.0, (0.2, 0.4, 0.0))]):  # fmt: skip
         table = hk.piecewise_constant(FEED_TIMES, feeds)
