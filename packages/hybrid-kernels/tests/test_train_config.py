@@ -170,6 +170,18 @@ def test_lr_change_on_a_raw_transformation_with_reset_is_allowed():
     assert c.optimizer[1] is raw
 
 
+def test_multi_steps_is_taken_as_its_gradient_transformation():
+    c = cfg(optimizer=(optax.MultiSteps(optax.adam(0.1), every_k_schedule=2),))
+    assert isinstance(c.optimizer[0], optax.GradientTransformation)
+
+
+def test_phases_sharing_one_multi_steps_share_its_transformation_and_state():
+    accumulate = optax.MultiSteps(optax.adam(0.1), every_k_schedule=2)
+    c = cfg(steps=(2, 2), lr=(0.1, 0.1), optimizer=(accumulate, accumulate))
+    assert c.optimizer[0] is c.optimizer[1]
+    assert c.reset_optimiser_state == (False, False)
+
+
 # --- penalties, loss, tournament, the rest ----------------------------------------------------
 
 

@@ -64,6 +64,10 @@ def _finite_nonneg(name: str, value: Any) -> float:
     return number
 
 
+def _multi(spec: Any) -> bool:
+    return isinstance(spec, optax.MultiSteps)
+
+
 def _normalise_optimizer(index: int, spec: Any, lr: float) -> OptimizerSpec:
     if isinstance(spec, str):
         name = spec.strip().lower()
@@ -137,7 +141,8 @@ class OptaxTrainingConfig:
     - `optimizer`: per phase, a name from `OPTIMIZER_REGISTRY` (`"lbfgs"` included), a
         factory taking `learning_rate` (wrapped in `optax.inject_hyperparams`, so a phase can
         move the rate without a rebuild; its integer arguments stay plain), or a ready
-        `optax.GradientTransformation` (used as given; its rate is baked in). A factory is
+        `optax.GradientTransformation` (used as given; its rate is baked in; an
+        `optax.MultiSteps` is taken as its `gradient_transformation()`). A factory is
         called once here, and one that does not accept `learning_rate` or does not return a
         transformation is refused. Optimisers whose update takes `value`, `grad` and
         `value_fn` (`optax.lbfgs`, chains ending in `optax.scale_by_zoom_linesearch` or
@@ -246,10 +251,14 @@ class OptaxTrainingConfig:
             set_(self, name, value)
 
         set_(self, "lr", tuple(_finite_nonneg(f"lr[{i}]", v) for i, v in enumerate(self.lr)))
+        # optax.MultiSteps is a class with init/update, not a GradientTransformation: its
+        # transformation is built once per object, so phases that share it share its state.
+        built = {id(s): s.gradient_transformation() for s in self.optimizer if _multi(s)}
+        specs = (built.get(id(s), s) if _multi(s) else s for s in self.optimizer)
         set_(
             self,
             "optimizer",
-            tuple(_normalise_optimizer(i, s, self.lr[i]) for i, s in enumerate(self.optimizer)),
+            tuple(_normalise_optimizer(i, s, self.lr[i]) for i, s in enumerate(specs)),
         )
         set_(self, "reset_optimiser_state", self._resolve_resets())
         fractions = []

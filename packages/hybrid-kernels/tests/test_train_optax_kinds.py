@@ -1,5 +1,6 @@
-"""Optimisers whose update reads the objective's value (`optax.contrib.reduce_on_plateau`),
-given it by the trainer: the loss of the step's parameters plus the weighted penalty."""
+"""optax optimisers of other kinds through the trainer: those whose update reads the
+objective's value (`optax.contrib.reduce_on_plateau`), given the loss of the step's
+parameters plus the weighted penalty, and `optax.MultiSteps`."""
 
 from typing import NamedTuple
 
@@ -89,3 +90,11 @@ def test_an_optimizer_without_extra_arguments_is_called_without_the_value(oscill
     history, _ = train(oscillator, dataset, quiet(steps=(4,), optimizer=(plain,)))
     reference, _ = train(oscillator, dataset, quiet(steps=(4,), optimizer=(sgd,)))
     assert list(history) == list(reference)
+
+
+def test_multi_steps_applies_an_update_every_kth_step(oscillator, dataset):
+    accumulate = optax.MultiSteps(optax.adam(0.05), every_k_schedule=2)
+    history, _ = train(oscillator, dataset, quiet(steps=(6,), optimizer=(accumulate,)))
+    # Steps 0 and 1 start from the same parameters (the first update only accumulates).
+    assert history[0] == history[1] and history[2] == history[3] and history[4] == history[5]
+    assert history[2] < history[0] and history[4] < history[2]
