@@ -19,6 +19,7 @@ import numpy as np
 
 from confluent_bank._bank import ConfluentPackBank
 from confluent_bank._forward import bank_slot_terms
+from confluent_bank._growing_options import NOT_TRACEABLE
 from confluent_bank._records import SlotMode
 
 
@@ -118,7 +119,10 @@ class CandidateScorer:
             return jnp.asarray(objective(treedef.unflatten(pieces))).reshape(())
 
         zero = jnp.zeros(len(pool["centers"]), dtype=bank.weights.dtype)
-        gradient = np.asarray(jax.grad(loss)(zero))
+        try:
+            gradient = np.asarray(jax.grad(loss)(zero))
+        except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError) as e:
+            raise TypeError(NOT_TRACEABLE) from e
         scores = np.abs(gradient) / np.where(norms > 0, norms, np.inf)
         keep = self.candidates["orders"] <= bank.max_order
         full, raw = np.zeros(len(keep)), np.zeros(len(keep))

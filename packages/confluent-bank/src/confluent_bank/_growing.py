@@ -202,7 +202,7 @@ class GrowingHook(TransitionHook):
 
     def _evaluate(self, leaves: list[tuple[Any, Any]], treedef: Any) -> float:
         assert self.objective is not None
-        return float(self.objective(treedef.unflatten([leaf for _, leaf in leaves])))
+        return options.objective_value(self.objective(treedef.unflatten([x for _, x in leaves])))
 
     def _near_zero(self, path: str, bank: ConfluentPackBank) -> float:
         """`prune_tol · max|f|` over the bank's domain: what counts as near zero."""

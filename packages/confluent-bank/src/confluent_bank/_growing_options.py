@@ -9,6 +9,8 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 
 def _name(argument: str) -> str:
     return f"TransitionHook.growing: {argument}"
@@ -65,3 +67,21 @@ def objective(value: Any) -> Any:
     if not callable(value):
         raise TypeError(f"{_name('objective')} must be callable, got {value!r}")
     return value
+
+
+def objective_value(value: Any) -> float:
+    """What the objective returned, as a float: a scalar, or the error names the objective."""
+    if np.shape(value) != ():
+        raise ValueError(
+            f"{_name('objective')} must return a scalar (shape ()), got shape "
+            f"{np.shape(value)}; reduce it (jnp.mean, jnp.sum) inside the objective"
+        )
+    return float(value)
+
+
+NOT_TRACEABLE = (
+    "TransitionHook.growing: objective must be differentiable with jax.grad (the candidates "
+    "are scored by its gradient with respect to their weights), but tracing it failed: build "
+    "it from jax operations on the predictors, with no float(), np.asarray() or Python "
+    "branching on their values"
+)
