@@ -14,6 +14,7 @@ appended during a run in `LossHistory.events`, where `plot_history` marks them a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -48,18 +49,36 @@ class BetweenStepsHook(Protocol):
 
 
 def resolve_hook(hooks: Any) -> Callable[[int, Any, Any], tuple[Any, Any] | None] | None:
-    """Turn the `hooks` argument into one callable (or `None`), or raise `TypeError`."""
+    """Turn the `hooks` argument into one callable (or `None`), or raise `TypeError`.
+
+    A list or tuple of hooks runs them in order after each step, each one given what the one
+    before returned (its result checked as a single hook's is)."""
     if hooks is None:
         return None
-    method = getattr(hooks, "between_steps", None)
+    if isinstance(hooks, list | tuple):
+        calls = [_one_hook(h, f"hooks[{i}]") for i, h in enumerate(hooks)]
+        return functools.partial(_run_in_order, calls) if calls else None
+    return _one_hook(hooks, "hooks")
+
+
+def _one_hook(hook: Any, name: str) -> Callable[[int, Any, Any], tuple[Any, Any] | None]:
+    method = getattr(hook, "between_steps", None)
     if callable(method):
         return method
-    if callable(hooks):
-        return hooks
+    if callable(hook):
+        return hook
     raise TypeError(
-        f"hooks={hooks!r} has no between_steps(step, predictors, opt_state) method and is not "
+        f"{name}={hook!r} has no between_steps(step, predictors, opt_state) method and is not "
         "callable"
     )
+
+
+def _run_in_order(calls: list[Callable[..., Any]], step: int, predictors: Any, opt_state: Any):
+    changed = False
+    for call in calls:
+        predictors, opt_state, edited = apply_hook(call, step, predictors, opt_state)
+        changed = changed or edited
+    return (predictors, opt_state) if changed else None
 
 
 def _describe_path(path: tuple[Any, ...]) -> str:
@@ -158,66 +177,100 @@ def apply_hook(
     return new_predictors, new_opt_state, True
 
 
+_LIST_KEY = "hook_list"  # the saved state of a list of hooks: {_LIST_KEY: [each hook's]}
+
+
 class HookEvents:
-    """Reads the entries a hook appends to its `events` list, as JSON-ready dicts."""
+    """Reads the entries hooks append to their `events` lists, as JSON-ready dicts, and their
+    checkpointed state.
+
+    With a list of hooks the events come hook by hook in the list's order, and the saved
+    state is `{"hook_list": [state of each hook, or None]}`."""
 
     def __init__(self, hooks: Any) -> None:
-        self.hooks = hooks
-        self.seen = len(self._source())
-
-    def _source(self) -> Sequence[Any]:
-        events = getattr(self.hooks, "events", None)
-        if events is None:
-            return ()
-        if not isinstance(events, Sequence) or isinstance(events, str | bytes):
-            raise TypeError(
-                f"the hook's events attribute is a {type(events).__name__}; expected a list of "
-                "dicts or dataclass instances"
-            )
-        return events
-
-    def _stateful(self) -> bool:
-        return callable(getattr(self.hooks, "state_dict", None)) and callable(
-            getattr(self.hooks, "load_state_dict", None)
-        )
+        self.chained = isinstance(hooks, list | tuple)
+        self.hooks = list(hooks) if self.chained else [hooks]
+        self.seen = [len(_events_of(h)) for h in self.hooks]
 
     def state_dict(self) -> dict[str, Any] | None:
-        """The hook's `state_dict()` as JSON-ready data, or `None` for a stateless hook."""
-        if not self._stateful():
+        """The hooks' `state_dict()` as JSON-ready data, or `None` when none has state."""
+        states = [_state_of(h) for h in self.hooks]
+        if all(state is None for state in states):
             return None
-        state = self.hooks.state_dict()
-        if not isinstance(state, Mapping):
-            raise TypeError(
-                f"the hook's state_dict() returned a {type(state).__name__}; expected a dict "
-                "with JSON-serialisable values"
-            )
-        try:  # through JSON once, so a checkpoint never holds what it cannot load back
-            return json.loads(json.dumps(dict(state), default=_json_scalar))
-        except (TypeError, ValueError) as exc:
-            raise TypeError(
-                f"the hook's state_dict() is not JSON-serialisable ({exc}); the trainer saves "
-                "it in the checkpoint"
-            ) from None
+        return {_LIST_KEY: states} if self.chained else states[0]
 
     def load_state_dict(self, state: Mapping[str, Any] | None, where: str) -> None:
-        """Hand a checkpoint's hook state back to the hook; events it restores are not
+        """Hand a checkpoint's hook state back to the hooks; events they restore are not
         recorded again (the checkpoint's history already holds them)."""
         if state is None:
             return
-        if not self._stateful():
+        listed = set(state) == {_LIST_KEY}
+        states = state.get(_LIST_KEY) if self.chained else [None if listed else state]
+        if listed != self.chained or not isinstance(states, list) or len(states) != len(self.hooks):
             raise ValueError(
-                f"{where}: the checkpoint holds the state of a hook with state_dict() and "
-                f"load_state_dict(), but hooks={self.hooks!r} has no load_state_dict; resume "
-                "with the hook the run was saved with"
+                f"{where}: the checkpoint holds the state of different hooks than "
+                f"hooks={self._named()!r}; resume with the hooks the run was saved with"
             )
-        self.hooks.load_state_dict(state)
-        self.seen = len(self._source())
+        for hook, saved in zip(self.hooks, states, strict=True):
+            if saved is None:
+                continue
+            if not _stateful(hook):
+                raise ValueError(
+                    f"{where}: the checkpoint holds the state of a hook with state_dict() and "
+                    f"load_state_dict(), but hooks={self._named()!r} has no load_state_dict "
+                    f"for it ({hook!r}); resume with the hooks the run was saved with"
+                )
+            hook.load_state_dict(saved)
+        self.seen = [len(_events_of(h)) for h in self.hooks]
 
     def take(self, step: int) -> list[dict[str, Any]]:
         """The entries appended since the last call, each as a dict with a `"step"`."""
-        events = self._source()
-        new, self.seen = list(events[self.seen :]), len(events)
-        return [_event_dict(event, step) for event in new]
+        out = []
+        for i, hook in enumerate(self.hooks):
+            events = _events_of(hook)
+            new, self.seen[i] = list(events[self.seen[i] :]), len(events)
+            out += [_event_dict(event, step) for event in new]
+        return out
+
+    def _named(self) -> Any:
+        return self.hooks if self.chained else self.hooks[0]
+
+
+def _events_of(hook: Any) -> Sequence[Any]:
+    events = getattr(hook, "events", None)
+    if events is None:
+        return ()
+    if not isinstance(events, Sequence) or isinstance(events, str | bytes):
+        raise TypeError(
+            f"the hook's events attribute is a {type(events).__name__}; expected a list of "
+            "dicts or dataclass instances"
+        )
+    return events
+
+
+def _stateful(hook: Any) -> bool:
+    return callable(getattr(hook, "state_dict", None)) and callable(
+        getattr(hook, "load_state_dict", None)
+    )
+
+
+def _state_of(hook: Any) -> dict[str, Any] | None:
+    """A hook's `state_dict()` as JSON-ready data, or `None` for a stateless hook."""
+    if not _stateful(hook):
+        return None
+    state = hook.state_dict()
+    if not isinstance(state, Mapping):
+        raise TypeError(
+            f"the hook's state_dict() returned a {type(state).__name__}; expected a dict "
+            "with JSON-serialisable values"
+        )
+    try:  # through JSON once, so a checkpoint never holds what it cannot load back
+        return json.loads(json.dumps(dict(state), default=_json_scalar))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"the hook's state_dict() is not JSON-serialisable ({exc}); the trainer saves "
+            "it in the checkpoint"
+        ) from None
 
 
 def _event_dict(event: Any, step: int) -> dict[str, Any]:

@@ -60,7 +60,8 @@ def train_with_optax(
         every `config.val_every` steps (and at the start and end).
     - `hooks`: an object with `between_steps(step, predictors, opt_state)` (or such a
         function), called between optimiser steps; see
-        [`BetweenStepsHook`][hybrid_kernels.BetweenStepsHook].
+        [`BetweenStepsHook`][hybrid_kernels.BetweenStepsHook]. A list or tuple of them runs
+        in its order, each given what the one before returned.
 
     **Returns:** `(loss_history, trained_predictors)`. `loss_history` is a
     [`LossHistory`][hybrid_kernels.LossHistory], a `list[float]` with one raw data loss per
