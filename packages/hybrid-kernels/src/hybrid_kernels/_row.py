@@ -3,7 +3,8 @@
 While one row's `simulate_fn` traces, a context variable holds its input switch times and
 state jumps. `SolverConfig.diffeqsolve` reads them (it clips steps at the switches and
 integrates piecewise between the jumps) and records its step counts; an `InputSignal` notes
-that its switch times were read. Afterwards the row refuses a `simulate_fn` that left them
+that its switch times were read, and `SolverConfig.stepsize_controller` that it was built.
+Afterwards the row refuses a `simulate_fn` that left them, or `SolverConfig(jump_ts=...)`,
 unused: a solve made with `diffrax.diffeqsolve` directly sees neither the jumps nor the
 switch times unless it was given them.
 """
@@ -26,6 +27,7 @@ class Row:
         self.jumps = jumps
         self.jumps_applied = False
         self.switches_read = False
+        self.controller_built = False
         self.stats: list[dict[str, Any]] = []
 
     def check_jumps_applied(self, bucket: str) -> None:
@@ -57,6 +59,20 @@ class Row:
             "own solve: `stepsize_controller=diffrax.ClipStepSizeController(controller, "
             f"jump_ts=covariates[{inputs[0]!r}].jump_ts)`. (A simulate_fn that solves no "
             "differential equation can read `jump_ts` to say so.)"
+        )
+
+    def check_solver_jumps_reached(self, bucket: str, jump_ts: tuple[float, ...]) -> None:
+        """After `simulate_fn`: refuse `SolverConfig(jump_ts=...)` times that reached no solve
+        (no `solver.diffeqsolve` call, no `solver.stepsize_controller()` built)."""
+        if not jump_ts or self.stats or self.controller_built:
+            return
+        raise ValueError(
+            f"SolverConfig(jump_ts={jump_ts}) gives its jump times to `solver.diffeqsolve` and "
+            "`solver.stepsize_controller()`, but simulate_fn used neither for the experiments "
+            f"of {bucket}: a `diffrax.diffeqsolve` not given them steps across the jumps and "
+            "can be wrong beyond its tolerances without any error. Solve with "
+            "`solver.diffeqsolve(term, ts, y0, args)`, or pass "
+            "`stepsize_controller=solver.stepsize_controller()` to your own solve."
         )
 
 

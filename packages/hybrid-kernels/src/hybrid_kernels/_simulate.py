@@ -36,6 +36,7 @@ def _simulate_with_steps(predictors, bp, *, simulate_fn, solver):
         bucket = pf.bucket_name(bp)
         row.check_jumps_applied(bucket)
         row.check_switches_reached(bucket, sorted(inputs or {}))
+        row.check_solver_jumps_reached(bucket, getattr(solver, "jump_ts", ()))
         pf.check_simulate_out(out, bp)
         return out, _row_steps(row, ts)
 

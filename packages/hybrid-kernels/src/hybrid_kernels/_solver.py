@@ -129,7 +129,10 @@ class SolverConfig(eqx.Module):
         (`diffrax.ClipStepSizeController`) instead of failing steps across them. Each
         experiment's own input switch times (see [`hybrid_kernels.piecewise_constant`][]) are
         added automatically inside the kernels. A time too large to step around in float64
-        (`t + 1 == t`, beyond about 4.5e15) raises `ValueError`.
+        (`t + 1 == t`, beyond about 4.5e15) raises `ValueError`. They reach the solves made by
+        `SolverConfig.diffeqsolve` or with `SolverConfig.stepsize_controller()`; a
+        `simulate_fn` that uses neither is refused when traced, rather than silently
+        stepping across them.
     - `throw`: `True` (default) raises when a solve fails. `False` lets a failed experiment
         return non-finite states instead; the kernels then mask that row out of the loss,
         report it (`return_status=True`) and keep training the rest of the bucket. Kernels
@@ -212,7 +215,12 @@ class SolverConfig(eqx.Module):
         """The step-size controller: a `diffrax.PIDController` for these tolerances (a tuple
         `atol` becomes an array), wrapped in a `diffrax.ClipStepSizeController` when there are
         jump times (`self.jump_ts` and the given `jump_ts` `[J]`; `+inf` entries are padding).
+        A `simulate_fn` that calls `diffrax.diffeqsolve` itself passes this controller to
+        apply `SolverConfig(jump_ts=...)`.
         """
+        row = current_row()
+        if row is not None:
+            row.controller_built = True
         atol = jnp.asarray(self.atol) if isinstance(self.atol, tuple) else self.atol
         pid = diffrax.PIDController(
             rtol=self.rtol, atol=atol, pcoeff=self.pcoeff, icoeff=self.icoeff, dcoeff=self.dcoeff
