@@ -1,6 +1,8 @@
-"""float32 with x64 off (jax's default): the trainer converges and keeps float32 throughout.
+"""float32: with x64 off (jax's default) the trainer converges and keeps float32 throughout;
+with x64 on, a float32 model stays float32 through L-BFGS.
 
-x64 is process-global and other test modules switch it on, so this runs in a subprocess.
+x64 is process-global and other test modules switch it on, so the x64-off run is a
+subprocess.
 """
 
 import json
@@ -10,7 +12,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
+from helpers import LENGTHS, Omega, train
+
+import hybrid_kernels as hk
 
 TESTS = Path(__file__).parent
 
@@ -43,3 +51,17 @@ def test_float32_training_converges_with_x64_off(tmp_path):
     assert out["dtype"] == "float32"
     assert abs(out["omega"] - 1.3) / 1.3 < 0.02
     assert out["final"] < 1e-2 and out["bad"] == []
+
+
+def test_adam_then_lbfgs_keep_a_float32_model_float32_with_x64_on(oscillator):
+    # With x64 on (conftest), optax's line search steps in float64: its trial points and
+    # updates must come back to the model's float32, or the solves mix dtypes (diffrax refuses).
+    assert jax.config.read("jax_enable_x64")
+    experiments = oscillator.experiments(LENGTHS, t1=4.0)
+    data = hk.make_dataset(experiments, output_channel_names=[oscillator.channel], dtype="float32")
+    config = hk.OptaxTrainingConfig(
+        steps=(3, 4), lr=(0.05, 1.0), optimizer=("adam", "lbfgs"), verbose=False
+    )
+    history, (trained,) = train(oscillator, data, config, start=(Omega(jnp.float32(1.0)),))
+    assert trained.omega.dtype == jnp.float32
+    assert np.all(np.isfinite(history)) and history[-1] < 1e-3 * history[0]

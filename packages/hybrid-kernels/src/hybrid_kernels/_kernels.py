@@ -249,12 +249,26 @@ def _apply_update(optimizer, trainable, predictors, grads, opt_state, value=None
     else:
         # The optimiser sees (and its line search moves) only the trainable leaves.
         def on_params(p):
-            return value_fn(eqx.combine(p, frozen))
+            return value_fn(eqx.combine(_dtypes_of(params, p), frozen))
 
         updates, opt_state = optimizer.update(
             grads, opt_state, params, value=value, grad=grads, value_fn=on_params
         )
-    return eqx.apply_updates(predictors, updates), opt_state
+    return eqx.apply_updates(predictors, _dtypes_of(params, updates)), opt_state
+
+
+def _dtypes_of(reference: Any, tree: Any) -> Any:
+    """`tree` with each array leaf cast to the dtype of `reference`'s leaf.
+
+    With x64 on, optax's line searches step in float64 whatever the parameters' dtype, so a
+    float32 model's trial points and updates come back float64: its solves would then mix
+    float32 states with a float64 vector field, which diffrax refuses. (Adam's updates keep
+    the parameters' dtype; this changes nothing there.)"""
+
+    def cast(old: Any, new: Any) -> Any:
+        return new.astype(old.dtype) if eqx.is_inexact_array(old) and eqx.is_array(new) else new
+
+    return jax.tree.map(cast, reference, tree)
 
 
 def _build(where, jitted, trainable, spec, tp_weight, return_status) -> _BucketKernel:
