@@ -128,6 +128,28 @@ def custom_proposal(bank, updates, slot_ids=(0,)) -> cb.TransitionProposal:
     )
 
 
+def moment_fields(state, names) -> dict:
+    """`{field: tree}` for the first occurrence of each named field of a nested optax state
+    (NamedTuples, tuples and lists) whose value is a dict (a moment tree of the bank's
+    parameters)."""
+    found = {}
+
+    def visit(node):
+        if hasattr(node, "_fields"):
+            for field in node._fields:
+                value = getattr(node, field)
+                if field in names and isinstance(value, dict) and field not in found:
+                    found[field] = value
+                else:
+                    visit(value)
+        elif isinstance(node, tuple | list):
+            for item in node:
+                visit(item)
+
+    visit(state)
+    return found
+
+
 def trained_optax_state(bank, optimizer, gradient, steps):
     """An optax state after `steps` real steps of `gradient(parameters, bank)`, so every moment
     row is non-zero."""

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import always, commit_pair, trained_optax_state
+from helpers import always, commit_pair, moment_fields, trained_optax_state
 
 import confluent_bank as cb
 
@@ -44,22 +44,7 @@ def _trained_state(bank, optimizer, steps=3):
 
 def _moment_trees(state):
     """`{field: tree}` of every moment tree in an optax state (first occurrence)."""
-    found = {}
-
-    def visit(node):
-        if hasattr(node, "_fields"):
-            for field in node._fields:
-                value = getattr(node, field)
-                if field in KINDS and isinstance(value, dict) and field not in found:
-                    found[field] = value
-                else:
-                    visit(value)
-        elif isinstance(node, tuple | list):
-            for item in node:
-                visit(item)
-
-    visit(state)
-    return found
+    return moment_fields(state, KINDS)
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))

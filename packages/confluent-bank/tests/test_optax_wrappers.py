@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import commit_pair
+from helpers import commit_pair, moment_fields
 
 import confluent_bank as cb
 
@@ -54,32 +54,13 @@ def _trained(bank, optimizer, steps=3, move=True):
     return state
 
 
-def _fields(state, names):
-    """`{field: value}` of the first occurrence of each named field in a nested optax state."""
-    found = {}
-
-    def visit(node):
-        if hasattr(node, "_fields"):
-            for field in node._fields:
-                value = getattr(node, field)
-                if field in names and field not in found:
-                    found[field] = value
-                visit(value)
-        elif isinstance(node, tuple | list):
-            for item in node:
-                visit(item)
-
-    visit(state)
-    return found
-
-
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_every_moment_field_is_carried_like_a_named_moment_of_its_parity(pair_bank, name):
     make, kinds = OPTIMIZERS[name]
     state = _trained(pair_bank, make())
     candidate, carried, accepted = commit_pair(pair_bank, state, state_adapter=cbo.commit_adapter())
     assert accepted
-    before, after = _fields(state, kinds), _fields(carried, kinds)
+    before, after = moment_fields(state, kinds), moment_fields(carried, kinds)
     assert sorted(after) == sorted(kinds)
     for field, kind in kinds.items():
         named = cb.NamedMomentState(jnp.asarray(0), {kind: before[field]})
