@@ -98,3 +98,11 @@ def test_multi_steps_applies_an_update_every_kth_step(oscillator, dataset):
     # Steps 0 and 1 start from the same parameters (the first update only accumulates).
     assert history[0] == history[1] and history[2] == history[3] and history[4] == history[5]
     assert history[2] < history[0] and history[4] < history[2]
+
+
+def test_polyak_sgd_which_needs_the_value_trains(oscillator, dataset):
+    history, (fitted,) = train(
+        oscillator, dataset, quiet(steps=(30,), optimizer=(optax.polyak_sgd(0.5),))
+    )
+    assert history[-1] < 1e-8 * history[0]
+    assert abs(float(fitted.omega) - 1.3) < 1e-6
