@@ -40,6 +40,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+import optax.contrib  # loaded by `import optax` too; named for the plateau rule
 
 from confluent_bank._bank import ConfluentPackBank
 from confluent_bank._carry import TransitionCarry
@@ -132,21 +133,13 @@ def _all_kept(kind: type) -> dict[str, str]:
     return {field: "keep" for field in kind._fields}
 
 
-def _contrib_states() -> dict[type, dict[str, str]]:
-    """States of `optax.contrib` whose every field is a scalar of the whole run: the plateau
-    rule's scale, best value and counters. A function-preserving transition leaves the
-    objective where it was, so they stay valid as they are."""
-    try:
-        import optax.contrib as contrib
-    except ImportError:  # pragma: no cover - every supported optax has it
-        return {}
-    kinds = [getattr(contrib, name, None) for name in ("ReduceLROnPlateauState",)]
-    return {kind: _all_kept(kind) for kind in kinds if kind is not None}
-
+# The plateau rule's state holds scalars of the whole run (scale, best value, counters); a
+# function-preserving transition leaves the objective where it was, so they stay valid.
+_PLATEAU = getattr(optax.contrib, "ReduceLROnPlateauState", None)
 
 KNOWN_STATE_PARITIES: dict[type, dict[str, str]] = (
     {getattr(optax, name): roles for name, roles in _KNOWN_BY_NAME.items() if hasattr(optax, name)}
-    | _contrib_states()
+    | ({_PLATEAU: _all_kept(_PLATEAU)} if _PLATEAU is not None else {})
     | {RowWarmupState: {"inner_state": "state", "ramp": "warmup"}}
 )
 """The optax state types the adapters understand, mapped to the role of each field:

@@ -186,14 +186,12 @@ def step_tail(
     else:
         penalty = jnp.zeros((), loss.dtype)
     finite = jnp.isfinite(loss) & jnp.isfinite(penalty) & _all_finite(combined)
+    # The objective's value, for an optimiser that reads it (reduce_on_plateau, a line search).
+    weight = penalty_weight if objective is None else objective.penalty_weight
+    value = loss if weight is None else loss + weight.astype(loss.dtype) * penalty
     if objective is None:
-        # The objective's value, for an optimiser that reads it (reduce_on_plateau).
-        value = loss if penalty_weight is None else loss + penalty_weight * penalty
-        updated, new_state = apply_update(
-            carry.predictors, combined, carry.opt_state, value=value.astype(loss.dtype)
-        )
-    else:  # a line search: it is given the objective this step descends, and its value
-        value = loss + objective.penalty_weight.astype(loss.dtype) * penalty
+        updated, new_state = apply_update(carry.predictors, combined, carry.opt_state, value=value)
+    else:  # a line search: it is also given the objective this step descends
         if not objective.body.solver.throw:  # trials scored on the rows this step solved
             objective = objective._trials_on(failed)
         updated, new_state = apply_update(
