@@ -12,13 +12,16 @@ it started with, stopping at the edge of the region where the long rig fails."""
 import dataclasses
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from helpers import Forced, forced_simulate, identity_output
 
 import hybrid_kernels as hk
+from hybrid_kernels._objective import _failed_rows
 
 SOLVER = hk.SolverConfig(
     diffrax.Tsit5(), rtol=1e-6, atol=1e-8, max_steps=250, dt0=None, throw=False
@@ -113,3 +116,39 @@ def test_lbfgs_keeps_every_experiment_solving(lbfgs_run, objective):
     # Its best loss is the objective of all three rigs there, not of the two short ones.
     assert float(objective((fitted,))) == pytest.approx(history.best_loss, rel=1e-9)
     assert float(fitted.theta) < 2.1
+
+
+def _custom_lbfgs(objective, start, *, anchored):
+    """The custom-loop guide's L-BFGS loop; its trials anchored at each step's start or not."""
+    opt = optax.lbfgs()
+
+    @eqx.filter_jit
+    def step(params, state):
+        trials = objective.for_trials(at=params) if anchored else objective.for_trials()
+        value, grad = optax.value_and_grad_from_state(trials)(params, state=state)
+        updates, state = opt.update(grad, state, params, value=value, grad=grad, value_fn=trials)
+        return optax.apply_updates(params, updates), state
+
+    params, state = start, opt.init(start)
+    for _ in range(LBFGS_STEPS):
+        params, state = step(params, state)
+    return params
+
+
+def test_trials_anchored_at_a_point_leave_out_the_rows_failing_there(objective):
+    trials = objective.for_trials(at=at(2.3))  # the long rig fails at 2.3
+    assert float(trials(at(2.3))) == float(objective(at(2.3)))
+    assert np.isnan(float(objective.for_trials(at=at(1.8))(at(2.3))))
+
+
+def test_a_custom_lbfgs_loop_with_anchored_trials_keeps_every_experiment(objective, lbfgs_run):
+    (fitted,) = _custom_lbfgs(objective, at(-3.0, 0.0), anchored=True)
+    assert not any(bool(f.any()) for f in _failed_rows(objective, (fitted,)))
+    assert float(fitted.theta) < 2.1
+    _, (trained,) = lbfgs_run
+    assert float(fitted.theta) == pytest.approx(float(trained.theta), rel=1e-6)
+
+
+def test_a_custom_lbfgs_loop_without_an_anchor_walks_into_the_failing_region(objective):
+    (fitted,) = _custom_lbfgs(objective, at(-3.0, 0.0), anchored=False)
+    assert bool(_failed_rows(objective, (fitted,))[0].any())

@@ -66,20 +66,34 @@ class Objective(eqx.Module):
     def __call__(self, predictors: Any) -> Float[Array, ""]:
         return _call(self, predictors)
 
-    def for_trials(self) -> Objective:
+    def for_trials(self, at: Any = None) -> Objective:
         """This objective as a line search's `value_fn` should see it: under
         `SolverConfig(throw=True)`, a trial whose solve fails (in `solver.diffeqsolve` or in a
         `diffrax.diffeqsolve` that `simulate_fn` calls itself) makes the value NaN instead of
         raising inside the optimiser's update; optax's line searches treat NaN as outside the
         domain and shrink the step. Where every solve succeeds the value and gradient are
-        this objective's. Under `throw=False` it is this objective; the trainer's line searches
-        under `throw=False` also leave out of each trial the experiments its step did not
-        solve, and score NaN where another fails.
+        this objective's.
+
+        Under `throw=False` a failed experiment is masked out of the value, so a trial at which
+        one fails drops its loss and looks like a descent. Pass `at`, the predictors the line
+        search starts from: each trial is then scored on the experiments that solve at `at`
+        (those that fail there stay out, as the step's own value leaves them out) and is NaN
+        where another fails, as the trainer's line searches score them. This costs one
+        forward solve of every bucket at `at`; under `throw=True` `at` is not needed and not
+        solved.
 
         Keep the objective itself for the parameters a run holds, where a failed solve must
         raise; the trainer passes `for_trials()` to its line searches.
+
+        **Arguments:**
+
+        - `at`: the predictors (the same structure the objective is called with) of the
+            point a line search starts from, or `None`.
         """
-        return dataclasses.replace(self, body=trial_body(self.body))
+        trials = dataclasses.replace(self, body=trial_body(self.body))
+        if at is None or self.body.solver.throw:
+            return trials
+        return trials._trials_on(_failed_rows(self, at))
 
     def _trials_on(self, failed: tuple[Array, ...]) -> Objective:
         """The objective a line search's trials see in a `throw=False` step whose rows
@@ -96,6 +110,16 @@ class Objective(eqx.Module):
             for bp, f in zip(self.payloads, failed, strict=True)
         )
         return dataclasses.replace(self, payloads=payloads, _strict=True)
+
+
+@eqx.filter_jit
+def _failed_rows(objective: Objective, predictors: Any) -> tuple[Array, ...]:
+    """Each bucket's rows whose solve fails at `predictors`, `[N]` bool per bucket (forward
+    only)."""
+    o = objective
+    return tuple(
+        _score_bucket(o.body, predictors, bp, o.fraction, o.tp_weight)[1] for bp in o.payloads
+    )
 
 
 def _mask(objective: Objective, predictors: Any) -> Any:
