@@ -140,6 +140,7 @@ def test_build_objective_refuses_an_unknown_reduction(decay, two_buckets):
 # --- a custom loop with L-BFGS (as in docs/hybrid-kernels/custom-loop.md) ----------------
 
 
+@pytest.mark.slow
 def test_custom_loop_lbfgs_on_build_objective_lands_on_the_truth():
     ds = amplitude_dataset()
     objective = hk.build_objective(

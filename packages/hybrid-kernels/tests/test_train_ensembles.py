@@ -54,6 +54,7 @@ def test_bootstrap_ensemble_one_member_per_resample(oscillator, data):
     assert all(abs(w - 1.3) < 0.1 for w in omegas)
 
 
+@pytest.mark.slow
 def test_bootstrap_ensemble_keeps_the_best_k_overall(oscillator, data):
     every = run("boot", oscillator, data, quiet(steps=(6,)), n_bootstraps=3)
     best = run("boot", oscillator, data, quiet(steps=(6,)), n_bootstraps=3, k_best=2)

@@ -126,6 +126,7 @@ class _Parameters:
         return predictors, opt_state
 
 
+@pytest.mark.slow
 def test_stored_lbfgs_steps_split_the_penalty_from_the_loss(dataset):
     def pull(predictors, points):
         (m,) = predictors

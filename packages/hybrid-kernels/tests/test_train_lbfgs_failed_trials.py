@@ -103,6 +103,7 @@ def fit(dataset, simulate_fn, steps=(ADAM_STEPS, LBFGS_STEPS), start=START, a=0.
 
 # `solver.diffeqsolve` takes the same path (the hand-written loop below runs it), and costs
 # another compile of the whole run.
+@pytest.mark.slow
 def test_a_trial_whose_solve_fails_is_rejected_and_the_run_goes_on(dataset):
     simulate_fn = plain_simulate
     history, (fitted,) = fit(dataset, simulate_fn)

@@ -149,6 +149,7 @@ def test_a_custom_lbfgs_loop_with_anchored_trials_keeps_every_experiment(objecti
     assert float(fitted.theta) == pytest.approx(float(trained.theta), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_custom_lbfgs_loop_without_an_anchor_walks_into_the_failing_region(objective):
     (fitted,) = _custom_lbfgs(objective, at(-3.0, 0.0), anchored=False)
     assert bool(_failed_rows(objective, (fitted,))[0].any())

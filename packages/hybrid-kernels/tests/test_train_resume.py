@@ -108,6 +108,7 @@ def test_resume_from_a_phase_boundary_is_bit_identical(oscillator, clean, refere
     assert_same_run(train(oscillator, clean, config), reference)
 
 
+@pytest.mark.slow
 def test_a_run_resumed_inside_an_lbfgs_phase_is_bit_identical(oscillator, clean, tmp_path):
     # The field's recipe, Adam then L-BFGS, resumed from a checkpoint two steps into L-BFGS:
     # it holds the curvature memory and the line search's state. The resumed run's first
