@@ -1,5 +1,6 @@
-"""confluent_bank.optax: Adan, `ema`, `zero_nans`, `conditionally_mask` and the plateau rule
-of `contrib.reduce_on_plateau`, carried through a commit and a growing bank's births."""
+"""confluent_bank.optax: Adan, AdEMAMix, `ema`, `zero_nans`, `conditionally_mask` and the
+plateau rule of `contrib.reduce_on_plateau`, carried through a commit and a growing bank's
+births."""
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +21,11 @@ ADAM = {"mu": "first", "nu": "second"}
 # same parity ("first": carried linearly; "second": carried by the bound).
 OPTIMIZERS = {
     "adan": (lambda: optax.adan(1e-2), {"m": "first", "v": "first", "n": "second", "g": "first"}),
+    "ademamix": (lambda: contrib.ademamix(1e-2), {"m1": "first", "m2": "first", "nu": "second"}),
+    "simplified_ademamix": (
+        lambda: contrib.simplified_ademamix(1e-2),
+        {"m": "first", "n": "second"},
+    ),
     "ema": (lambda: optax.chain(optax.adam(1e-2), optax.ema(0.9)), {**ADAM, "ema": "first"}),
     "zero_nans": (lambda: optax.chain(optax.zero_nans(), optax.adam(1e-2)), ADAM),
     "conditionally_mask": (

@@ -129,8 +129,28 @@ _KNOWN_BY_NAME: dict[str, dict[str, str]] = {
 }
 
 
+# States that `optax.contrib` defines. AdEMAMix's two momenta are linear in the gradients,
+# `nu`/`n` quadratic.
+_CONTRIB_BY_NAME: dict[str, dict[str, str]] = {
+    "ScaleByAdemamixState": {
+        "count": "keep",
+        "count_m2": "keep",
+        "m1": "odd",
+        "m2": "odd",
+        "nu": "even",
+    },
+    "ScaleBySimplifiedAdEMAMixState": {"t": "keep", "m": "odd", "n": "even"},
+}
+
+
 def _all_kept(kind: type) -> dict[str, str]:
     return {field: "keep" for field in kind._fields}
+
+
+def _known(module: object, by_name: dict[str, dict[str, str]]) -> dict[type, dict[str, str]]:
+    """The state types of `by_name` that this optax version's `module` defines (older ones lack
+    some)."""
+    return {getattr(module, n): roles for n, roles in by_name.items() if hasattr(module, n)}
 
 
 # The plateau rule's state holds scalars of the whole run (scale, best value, counters); a
@@ -138,7 +158,8 @@ def _all_kept(kind: type) -> dict[str, str]:
 _PLATEAU = getattr(optax.contrib, "ReduceLROnPlateauState", None)
 
 KNOWN_STATE_PARITIES: dict[type, dict[str, str]] = (
-    {getattr(optax, name): roles for name, roles in _KNOWN_BY_NAME.items() if hasattr(optax, name)}
+    _known(optax, _KNOWN_BY_NAME)
+    | _known(optax.contrib, _CONTRIB_BY_NAME)
     | ({_PLATEAU: _all_kept(_PLATEAU)} if _PLATEAU is not None else {})
     | {RowWarmupState: {"inner_state": "state", "ramp": "warmup"}}
 )
