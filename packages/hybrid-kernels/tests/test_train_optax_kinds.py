@@ -106,3 +106,31 @@ def test_polyak_sgd_which_needs_the_value_trains(oscillator, dataset):
     )
     assert history[-1] < 1e-8 * history[0]
     assert abs(float(fitted.omega) - 1.3) < 1e-6
+
+
+class CountSteps(hk.SilentUI):
+    steps = 0
+
+    def on_step_end(self, **kwargs):
+        self.steps += 1
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "cause"),
+    [
+        (optax.lookahead(optax.adam(1e-2), 5, 0.5), "LookaheadParams"),
+        (optax.contrib.sophia(1e-2), "obj_fn"),
+    ],
+    ids=["lookahead", "sophia"],
+)
+def test_an_optimizer_that_cannot_take_the_trainable_leaves_is_named_before_any_step(
+    oscillator, optimizer, cause
+):
+    # The second phase's: named before the first phase's steps are spent.
+    config = quiet(steps=(2, 2), lr=(0.05, 0.05), optimizer=("adam", optimizer))
+    ui = CountSteps()
+    with pytest.raises(TypeError, match=r"optimizer\[1\] cannot update the trainable leaves"):
+        train(oscillator, osc_dataset(oscillator), config, ui=ui)
+    assert ui.steps == 0
+    with pytest.raises(TypeError, match=cause):
+        train(oscillator, osc_dataset(oscillator), config)

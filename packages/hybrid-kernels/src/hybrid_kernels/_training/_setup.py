@@ -36,7 +36,7 @@ from hybrid_kernels._penalties import (
 )
 from hybrid_kernels._reductions import bucket_weights
 from hybrid_kernels._trainable import trainable_mask
-from hybrid_kernels._training._engine import Engine, Model
+from hybrid_kernels._training._engine import Engine, Model, check_update
 from hybrid_kernels._training._events import check_ui
 from hybrid_kernels._training._step import Carry, StepInputs, quiet_step, take_step
 from hybrid_kernels._training.config import OptaxTrainingConfig
@@ -140,6 +140,21 @@ def _weights(dataset: Any, config: OptaxTrainingConfig, fraction: float = 1.0) -
     return jnp.asarray(bucket_weights(dataset, config.reduction, fraction), dtype=default_float())
 
 
+def _check_optimizers(engine: Engine, config: OptaxTrainingConfig, params: Any) -> None:
+    """Every phase's optimiser, tried abstractly on the trainable leaves before the first step
+    (`check_update`), so that one that cannot take them is named before hours of an earlier
+    phase, not when its own phase begins."""
+    checked: set[Any] = set()
+    for p, spec in enumerate(config.optimizer):
+        key = spec if isinstance(spec, str) else id(spec)
+        if key in checked:
+            continue
+        checked.add(key)
+        named = spec if isinstance(spec, str) else getattr(spec, "__qualname__", "")
+        where = f"OptaxTrainingConfig.optimizer[{p}]" + (f" ({named!r})" if named else "")
+        check_update(engine.optimizer(spec, config.lr[p]), params, where)
+
+
 def prepare(
     where: str,
     predictors: Any,
@@ -174,6 +189,7 @@ def prepare(
     mesh = getattr(dataset, "mesh", None)
     predictors = replicate(_strong(predictors), mesh)
     engine = Engine(model, trainable, config)
+    _check_optimizers(engine, config, eqx.filter(predictors, trainable))
     sources, extras = None, ()
     if any(w > 0 for w in config.penalty_weight) or config.penalty_points is not None:
         sources = data_penalty_points(predictors, dataset)
