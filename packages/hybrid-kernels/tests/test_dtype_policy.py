@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import Rate, tiny_solver
+from helpers import Omega, Rate, oscillator_model, tiny_solver
 
 import hybrid_kernels as hk
 
@@ -177,3 +177,33 @@ def test_float64_without_x64_is_an_error_not_a_silent_downcast(float32_run):
 def test_float32_kernels_run_with_x64_off(float32_run):
     assert float32_run["ts_dtype"] == float32_run["loss_dtype"] == "float32"
     assert float32_run["loss"] > 0 and float32_run["grad"] < 0  # k = 0.5 decays too slowly
+
+
+def _oscillator_bucket(dtype):
+    osc = oscillator_model()
+    data = hk.make_dataset(osc.experiments([6, 6]), output_channel_names=["x"], dtype=dtype)
+    score = hk.build_score_bucket(osc.simulate_fn, osc.state_to_output, osc.solver, hk.masked_mse)
+    return data.bucket_payloads[0], score
+
+
+def test_a_solve_that_fails_on_float32_data_and_a_float64_model_says_why():
+    bp, score = _oscillator_bucket("float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the mixed-dtypes warning, once per process
+        with pytest.raises(ValueError) as error:
+            score((Omega(jnp.asarray(1.0, jnp.float64)),), bp, 1.0)
+    (note,) = [n for n in error.value.__notes__ if n.startswith("hybrid_kernels:")]
+    assert "bucket N=2, T=6, y0 is float32" in note
+    assert "make_dataset(..., dtype='float64')" in note
+
+
+def test_an_error_that_dtypes_do_not_explain_gets_no_note():
+    bp, _ = _oscillator_bucket("float64")
+
+    def broken(predictors, ts, covariates, y0, solver):
+        raise RuntimeError("the user's own bug")
+
+    score = hk.build_score_bucket(broken, identity, tiny_solver(), hk.masked_mse)
+    with pytest.raises(RuntimeError, match="the user's own bug") as error:
+        score((Rate(jnp.asarray(0.5, jnp.float64)),), bp, 1.0)
+    assert not any(n.startswith("hybrid_kernels:") for n in getattr(error.value, "__notes__", []))

@@ -115,6 +115,24 @@ def _float_dtypes(tree: Any) -> set[np.dtype]:
     }
 
 
+def narrow_y0_note(predictors: Any, y0: Any, bp: Any) -> str | None:
+    """What to add to an error raised inside `simulate_fn` when `y0` is narrower than a float
+    leaf of the predictors (float32 data, a float64 model): a solve in `y0`'s dtype then meets
+    a wider vector field, which diffrax cannot store (its `buffer.at[i].set(value)` error).
+    `None` when the dtypes do not explain it."""
+    widest = max(_float_dtypes(predictors), key=lambda d: d.itemsize, default=None)
+    start = np.dtype(y0.dtype)
+    if widest is None or widest.itemsize <= start.itemsize:
+        return None
+    return (
+        f"hybrid_kernels: in {bucket_name(bp)}, y0 is {start.name} (the dataset's dtype) while "
+        f"the predictors hold {widest.name} leaves; a solve started in {start.name} whose "
+        f"vector field returns {widest.name} fails inside diffrax (`buffer.at[i].set(value)`). "
+        f"If that is this error, build the dataset in {widest.name} "
+        f"(make_dataset(..., dtype={widest.name!r})) or the predictors in {start.name}."
+    )
+
+
 def check_dtypes(predictors: Any, bp: Any, where: str) -> None:
     """Warn once when data, y0 and predictor leaves disagree on the float dtype."""
     warn_mixed_dtypes(

@@ -32,7 +32,13 @@ def _simulate_with_steps(predictors, bp, *, simulate_fn, solver):
     def one(ts, covariates, y0, inputs, jump_ts, jumps):
         covariates = {**covariates, **row_signals(inputs or {}, jump_ts)}
         with row_context(jump_ts, jumps) as row:
-            out = simulate_fn(predictors, ts, covariates, y0, solver)
+            try:
+                out = simulate_fn(predictors, ts, covariates, y0, solver)
+            except Exception as error:
+                note = pf.narrow_y0_note(predictors, y0, bp)
+                if note is not None:
+                    error.add_note(note)
+                raise
         bucket = pf.bucket_name(bp)
         row.check_jumps_applied(bucket)
         row.check_switches_reached(bucket, sorted(inputs or {}))
