@@ -135,3 +135,15 @@ def test_an_optimizer_that_cannot_take_the_trainable_leaves_is_named_before_any_
     assert ui.steps == 0
     with pytest.raises(TypeError, match=cause):
         train(oscillator, osc_dataset(oscillator), config)
+
+
+def test_an_optimizer_that_takes_only_the_value_passes_the_check_and_trains(oscillator):
+    # The check calls it as the step does: `value` alone, no `grad` or `value_fn`.
+    def update(updates, state, params=None, *, value):
+        return jax.tree.map(lambda g: -0.05 * g, updates), Seen(jnp.asarray(value))
+
+    only_value = optax.GradientTransformationExtraArgs(
+        lambda params: Seen(jnp.zeros((), jnp.result_type(float))), update
+    )
+    history, _ = train(oscillator, osc_dataset(oscillator), quiet(optimizer=(only_value,)))
+    assert history[-1] < history[0]

@@ -40,7 +40,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-import optax.contrib  # loaded by `import optax` too; named for the plateau rule
+import optax.contrib  # loaded by `import optax` too; named for the states read from it below
 
 from confluent_bank._bank import ConfluentPackBank
 from confluent_bank._carry import TransitionCarry

@@ -252,28 +252,29 @@ class Engine:
         return _weighted_sum(losses, failed, row_weights, weights)
 
 
-def check_update(opt: Optimizer, params: Any, where: str) -> None:
-    """Run `opt`'s `init` on `params` (the trainable leaves) and trace one `update` abstractly,
-    as the step calls them, so that a transformation that cannot take them is named here, not
-    from inside the first step's trace. `where` names the config entry."""
-    t = opt.transformation
+def check_update(opt: Optimizer, predictors: Any, trainable: Any, where: str) -> None:
+    """Run `opt`'s `init` on the trainable leaves of `predictors` and trace one `apply_update`
+    abstractly, called as the step calls it (`value` always, `value_fn` for a line search), so
+    that a transformation that cannot take them is named here, not from inside the first
+    step's trace. `where` names the config entry."""
+    params = eqx.filter(predictors, trainable)
+    leaves = jax.tree_util.tree_leaves(params)
+    value = jnp.zeros((), jnp.result_type(*leaves) if leaves else default_float())
+    value_fn = (lambda p: value) if opt.uses_objective else None
 
-    def trial(state: Any, params: Any) -> Any:
-        extra = {}
-        if isinstance(t, optax.GradientTransformationExtraArgs):
-            leaves = jax.tree_util.tree_leaves(params)
-            value = jnp.zeros((), jnp.result_type(*leaves) if leaves else default_float())
-            extra = {"value": value, "grad": params, "value_fn": lambda p: value}
-        return t.update(params, state, params, **extra)
+    def trial(state: Any) -> Any:
+        return opt.apply_update(predictors, params, state, value=value, value_fn=value_fn)
 
     try:
-        jax.eval_shape(trial, t.init(params), params)  # init as the trainer runs it: eagerly
+        # init as the trainer runs it: eagerly (an init may read concrete values)
+        eqx.filter_eval_shape(trial, opt.transformation.init(params))
     except Exception as exc:
         raise TypeError(
             f"{where} cannot update the trainable leaves ({type(exc).__name__}: "
             f"{str(exc).rstrip('.')}). The "
-            "trainer calls init(params) and update(grads, state, params) on them (with value=, "
-            "grad= and value_fn= for a transformation that takes extra arguments); one that "
+            "trainer calls init(params) and update(grads, state, params) on them (with value= "
+            "for a transformation that takes extra arguments, and grad= and value_fn= for a "
+            "line search); one that "
             "needs other parameters (optax.lookahead's LookaheadParams) or arguments the "
             "trainer does not have (optax.contrib.sophia's obj_fn) fits a custom loop instead "
             "(see the custom-loop guide)"

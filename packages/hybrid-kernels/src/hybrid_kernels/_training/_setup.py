@@ -140,7 +140,9 @@ def _weights(dataset: Any, config: OptaxTrainingConfig, fraction: float = 1.0) -
     return jnp.asarray(bucket_weights(dataset, config.reduction, fraction), dtype=default_float())
 
 
-def _check_optimizers(engine: Engine, config: OptaxTrainingConfig, params: Any) -> None:
+def _check_optimizers(
+    engine: Engine, config: OptaxTrainingConfig, predictors: Any, trainable: Any
+) -> None:
     """Every phase's optimiser, tried abstractly on the trainable leaves before the first step
     (`check_update`), so that one that cannot take them is named before hours of an earlier
     phase, not when its own phase begins."""
@@ -152,7 +154,7 @@ def _check_optimizers(engine: Engine, config: OptaxTrainingConfig, params: Any) 
         checked.add(key)
         named = spec if isinstance(spec, str) else getattr(spec, "__qualname__", "")
         where = f"OptaxTrainingConfig.optimizer[{p}]" + (f" ({named!r})" if named else "")
-        check_update(engine.optimizer(spec, config.lr[p]), params, where)
+        check_update(engine.optimizer(spec, config.lr[p]), predictors, trainable, where)
 
 
 def prepare(
@@ -189,7 +191,7 @@ def prepare(
     mesh = getattr(dataset, "mesh", None)
     predictors = replicate(_strong(predictors), mesh)
     engine = Engine(model, trainable, config)
-    _check_optimizers(engine, config, eqx.filter(predictors, trainable))
+    _check_optimizers(engine, config, predictors, trainable)
     sources, extras = None, ()
     if any(w > 0 for w in config.penalty_weight) or config.penalty_points is not None:
         sources = data_penalty_points(predictors, dataset)
